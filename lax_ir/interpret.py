@@ -209,5 +209,8 @@ def evaluate(program: Program, *inputs: Any) -> list[Any]:
 
 def evaluate_reference(program: Program, *inputs: Any) -> list[np.ndarray]:
     """Run a Program in float64 numpy: the reference the float checks compare against."""
-    xs = [np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x) for x in inputs]
+    xs = [
+        np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x)
+        for x in inputs
+    ]
     return interpret(program, xs, FloatAlgebra(np, "float64"))

@@ -42,7 +42,9 @@ _TABLE = [
     OpInfo("exp", "lax", 1, "elementwise e**a (Lax unless nested inside another exp)"),
     OpInfo("integer_pow", "lax", 1, "a ** y for an integer y (param y)"),
     OpInfo("reduce_sum", "lax", 1, "sum over axes (param axes)"),
-    OpInfo("broadcast_in_dim", "lax", 1, "lax.broadcast_in_dim (params shape, broadcast_dimensions)"),
+    OpInfo(
+        "broadcast_in_dim", "lax", 1, "lax.broadcast_in_dim (params shape, broadcast_dimensions)"
+    ),
     OpInfo("reshape", "lax", 1, "row-major reshape (param shape)"),
     OpInfo("transpose", "lax", 1, "axis permutation (param permutation)"),
     OpInfo("concatenate", "lax", None, "concatenation along param axis"),

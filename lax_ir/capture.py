@@ -1,0 +1,354 @@
+"""Capture a JAX function as a Program: trace to a jaxpr, inline calls, normalise primitives.
+
+`capture(fn, *args, **kwargs)` traces `fn` with `jax.make_jaxpr` on the array leaves of its
+pytree arguments (everything else is static and baked in), inlines nested `jit`/`pjit`/
+`closed_call`/`custom_jvp_call`/`custom_vjp_call`/`remat` calls, and rewrites each primitive
+into the small op set of `lax_ir.ops`. Primitives outside that set never fail: they become
+`opaque` nodes that re-bind the original primitive, and stay in the residual XLA part.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from lax_ir.ops import dtype_name, matmul_shape
+from lax_ir.program import Const, Node, Opaque, Program, make_params
+
+CALL_PRIMITIVES = {
+    "jit",
+    "pjit",
+    "closed_call",
+    "core_call",
+    "remat",
+    "remat2",
+    "checkpoint",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "custom_lin",
+}
+IDENTITY_PRIMITIVES = {"stop_gradient", "copy", "copy_p", "optimization_barrier_single"}
+SIMPLE = {
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "neg": "neg",
+    "exp": "exp",
+    "sqrt": "sqrt",
+    "logistic": "logistic",
+    "tanh": "tanh",
+    "erf": "erf",
+    "max": "max",
+}
+
+
+def _is_array_leaf(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)) or (
+        hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
+    )
+
+
+def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Program:
+    """Trace `fn(*args, **kwargs)` and return its normalised, canonical Program.
+
+    Array leaves (jax/numpy arrays, `jax.ShapeDtypeStruct`s) of the pytree arguments become
+    the Program's inputs in flattening order; all other leaves are static. The Program's
+    `meta` keeps the pytree structures so `lax_ir.rebuild` can call it like `fn`.
+    """
+    leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+    dynamic = [i for i, x in enumerate(leaves) if _is_array_leaf(x)]
+    specs = [jax.ShapeDtypeStruct(np.shape(leaves[i]), leaves[i].dtype) for i in dynamic]
+    out_tree_box: list[Any] = []
+
+    def flat_fn(*dyn: Any) -> list[Any]:
+        full = list(leaves)
+        for i, v in zip(dynamic, dyn):
+            full[i] = v
+        a, k = jax.tree_util.tree_unflatten(in_tree, full)
+        out = fn(*a, **k)
+        flat, out_tree = jax.tree_util.tree_flatten(out)
+        out_tree_box.append(out_tree)
+        return flat
+
+    closed = jax.make_jaxpr(flat_fn)(*specs)
+    name = getattr(fn, "__name__", "program")
+    builder = _Builder()
+    in_ids = [builder.input(s.shape, dtype_name(s.dtype)) for s in specs]
+    out_ids = builder.inline(closed, in_ids)
+    statics = [(i, x) for i, x in enumerate(leaves) if i not in set(dynamic)]
+    meta = {
+        "name": name,
+        "in_tree": in_tree,
+        "out_tree": out_tree_box[-1],
+        "dynamic_leaves": tuple(dynamic),
+        "static_leaves": tuple(statics),
+    }
+    program = Program.build(builder.nodes, in_ids, out_ids, meta)
+    from lax_ir.partition import mark_softmax_shifts
+
+    return mark_softmax_shifts(program)
+
+
+class _Builder:
+    """Accumulates normalised Nodes in topological order, with local CSE."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self._memo: dict[Node, int] = {}
+
+    def _emit(self, node: Node) -> int:
+        if node.op != "input" and node.op != "opaque" and node in self._memo:
+            return self._memo[node]
+        self.nodes.append(node)
+        idx = len(self.nodes) - 1
+        self._memo[node] = idx
+        return idx
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return self.nodes[i].shape
+
+    def dtype(self, i: int) -> str:
+        return self.nodes[i].dtype
+
+    def input(self, shape: Sequence[int], dtype: str) -> int:
+        self.nodes.append(Node("input", (), tuple(int(d) for d in shape), dtype, ()))
+        return len(self.nodes) - 1
+
+    def op(
+        self, op: str, args: Sequence[int], shape: Sequence[int], dtype: str, **params: Any
+    ) -> int:
+        return self._emit(
+            Node(op, tuple(args), tuple(int(d) for d in shape), dtype, make_params(**params))
+        )
+
+    def const(self, value: Any, dtype: str) -> int:
+        arr = np.asarray(value, dtype=dtype)
+        return self.op("constant", (), arr.shape, dtype, value=Const(arr))
+
+    # ------------------------------------------------------------------ shape helpers
+    def reshape(self, x: int, shape: Sequence[int]) -> int:
+        shape = tuple(int(d) for d in shape)
+        if self.shape(x) == shape:
+            return x
+        return self.op("reshape", (x,), shape, self.dtype(x))
+
+    def transpose(self, x: int, perm: Sequence[int]) -> int:
+        perm = tuple(int(p) for p in perm)
+        if perm == tuple(range(len(perm))):
+            return x
+        shape = tuple(self.shape(x)[p] for p in perm)
+        return self.op("transpose", (x,), shape, self.dtype(x), permutation=perm)
+
+    def convert(self, x: int, dtype: str) -> int:
+        if self.dtype(x) == dtype:
+            return x
+        return self.op("convert", (x,), self.shape(x), dtype)
+
+    def binary(self, op: str, a: int, b: int, dtype: str) -> int:
+        shape = np.broadcast_shapes(self.shape(a), self.shape(b))
+        return self.op(op, (a, b), shape, dtype)
+
+    # ------------------------------------------------------------------ inlining
+    def inline(self, closed: Any, args: Sequence[int]) -> list[int]:
+        jaxpr = getattr(closed, "jaxpr", closed)
+        consts = getattr(closed, "consts", ())
+        env: dict[Any, int] = {}
+        for v, c in zip(jaxpr.constvars, consts):
+            env[v] = self.const(np.asarray(c), dtype_name(v.aval.dtype))
+        for v, a in zip(jaxpr.invars, args):
+            env[v] = a
+
+        def read(v: Any) -> int:
+            if isinstance(v, jex_core.Literal):
+                return self.const(np.asarray(v.val), dtype_name(v.aval.dtype))
+            return env[v]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            outs = self.equation(eqn, ins)
+            for v, o in zip(eqn.outvars, outs):
+                env[v] = o
+        return [read(v) for v in jaxpr.outvars]
+
+    def equation(self, eqn: Any, ins: list[int]) -> list[int]:
+        name = eqn.primitive.name
+        params = eqn.params
+        outs = eqn.outvars
+        if name in CALL_PRIMITIVES:
+            body = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
+            if body is not None:
+                return self.inline(body, ins)
+        if name in IDENTITY_PRIMITIVES and len(ins) == 1:
+            return ins
+        if len(outs) == 1 and _array_aval(outs[0]):
+            out_shape = tuple(outs[0].aval.shape)
+            out_dtype = dtype_name(outs[0].aval.dtype)
+            rule = _RULES.get(name)
+            if rule is not None:
+                result = rule(self, ins, params, out_shape, out_dtype)
+                if result is not None:
+                    return [result]
+        return self.opaque(eqn, ins)
+
+    def opaque(self, eqn: Any, ins: list[int]) -> list[int]:
+        payload = Opaque(eqn.primitive, eqn.params)
+        if payload.multiple_results:
+            node = self.op("opaque", ins, (), "tuple", payload=payload)
+            return [
+                self.op("get", (node,), tuple(v.aval.shape), _aval_dtype(v), index=k)
+                for k, v in enumerate(eqn.outvars)
+            ]
+        (v,) = eqn.outvars
+        return [self.op("opaque", ins, tuple(v.aval.shape), _aval_dtype(v), payload=payload)]
+
+
+def _array_aval(v: Any) -> bool:
+    aval = getattr(v, "aval", None)
+    return aval is not None and hasattr(aval, "shape") and hasattr(aval, "dtype")
+
+
+def _aval_dtype(v: Any) -> str:
+    try:
+        return dtype_name(v.aval.dtype)
+    except TypeError:  # extended dtypes (PRNG keys, tokens): keep their printed name
+        return str(v.aval.dtype)
+
+
+def _is_const(b: _Builder, i: int, pred: Callable[[np.ndarray], bool]) -> bool:
+    n = b.nodes[i]
+    return n.op == "constant" and bool(pred(n.param("value").array))
+
+
+# ---------------------------------------------------------------------- primitive rules
+# Each rule returns the node id of the result, or None to leave the equation opaque.
+
+
+def _simple(op: str):
+    def rule(b: _Builder, ins, params, shape, dtype):
+        if op == "max":
+            # max(x, -inf) is the identity (jnp.max's `initial`, e.g. inside jax.nn.softmax).
+            for keep, other in ((0, 1), (1, 0)):
+                if (
+                    _is_const(b, ins[other], lambda a: np.all(np.isneginf(a)))
+                    and b.shape(ins[keep]) == shape
+                ):
+                    return ins[keep]
+        if len(ins) == 1:
+            return b.op(op, ins, shape, dtype)
+        return b.binary(op, ins[0], ins[1], dtype)
+
+    return rule
+
+
+def _rsqrt(b: _Builder, ins, params, shape, dtype):
+    one = b.const(1.0, dtype)
+    return b.binary("div", one, b.op("sqrt", ins, shape, dtype), dtype)
+
+
+def _erfc(b: _Builder, ins, params, shape, dtype):
+    one = b.const(1.0, dtype)
+    return b.binary("sub", one, b.op("erf", ins, shape, dtype), dtype)
+
+
+def _integer_pow(b: _Builder, ins, params, shape, dtype):
+    y = int(params["y"])
+    if y == 1:
+        return ins[0]
+    return b.op("integer_pow", ins, shape, dtype, y=y)
+
+
+def _square(b: _Builder, ins, params, shape, dtype):
+    return b.op("integer_pow", ins, shape, dtype, y=2)
+
+
+def _reduce(op: str):
+    def rule(b: _Builder, ins, params, shape, dtype):
+        axes = tuple(sorted(int(a) for a in params["axes"]))
+        if not axes:
+            return ins[0]
+        return b.op(op, ins, shape, dtype, axes=axes)
+
+    return rule
+
+
+def _broadcast_in_dim(b: _Builder, ins, params, shape, dtype):
+    if len(ins) != 1:  # dynamic shapes: leave to XLA
+        return None
+    dims = tuple(int(d) for d in params["broadcast_dimensions"])
+    if b.shape(ins[0]) == shape and dims == tuple(range(len(shape))):
+        return ins[0]
+    return b.op("broadcast_in_dim", ins, shape, dtype, broadcast_dimensions=dims)
+
+
+def _reshape(b: _Builder, ins, params, shape, dtype):
+    if len(ins) != 1 or params.get("dimensions") is not None:
+        return None
+    return b.reshape(ins[0], shape)
+
+
+def _squeeze(b: _Builder, ins, params, shape, dtype):
+    return b.reshape(ins[0], shape)
+
+
+def _expand_dims(b: _Builder, ins, params, shape, dtype):
+    return b.reshape(ins[0], shape)
+
+
+def _transpose(b: _Builder, ins, params, shape, dtype):
+    return b.transpose(ins[0], params["permutation"])
+
+
+def _convert(b: _Builder, ins, params, shape, dtype):
+    return b.convert(ins[0], dtype)
+
+
+def _concatenate(b: _Builder, ins, params, shape, dtype):
+    if len(ins) == 1:
+        return ins[0]
+    return b.op("concatenate", ins, shape, dtype, axis=int(params["dimension"]))
+
+
+def _dot_general(b: _Builder, ins, params, shape, dtype):
+    """dot_general -> transposes + reshapes + one batched 2-D matmul + reshape."""
+    lhs, rhs = ins
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
+    ls, rs = b.shape(lhs), b.shape(rhs)
+    lfree = tuple(d for d in range(len(ls)) if d not in lc and d not in lb)
+    rfree = tuple(d for d in range(len(rs)) if d not in rc and d not in rb)
+    batch = tuple(ls[d] for d in lb)
+    m = math.prod(ls[d] for d in lfree)
+    n = math.prod(rs[d] for d in rfree)
+    k = math.prod(ls[d] for d in lc)
+    a = b.reshape(b.transpose(lhs, lb + lfree + lc), (*batch, m, k))
+    c = b.reshape(b.transpose(rhs, rb + rc + rfree), (*batch, k, n))
+    if b.dtype(a) != b.dtype(c):  # mixed-precision operands: promote to the result dtype
+        a, c = b.convert(a, dtype), b.convert(c, dtype)
+    out = b.op("matmul", (a, c), matmul_shape(b.shape(a), b.shape(c)), dtype)
+    return b.reshape(out, shape)
+
+
+_RULES: dict[str, Callable[..., int | None]] = {
+    **{name: _simple(op) for name, op in SIMPLE.items()},
+    "rsqrt": _rsqrt,
+    "erfc": _erfc,
+    "integer_pow": _integer_pow,
+    "square": _square,
+    "reduce_sum": _reduce("reduce_sum"),
+    "reduce_max": _reduce("reduce_max"),
+    "broadcast_in_dim": _broadcast_in_dim,
+    "reshape": _reshape,
+    "squeeze": _squeeze,
+    "expand_dims": _expand_dims,
+    "transpose": _transpose,
+    "convert_element_type": _convert,
+    "concatenate": _concatenate,
+    "dot_general": _dot_general,
+}

@@ -1,0 +1,415 @@
+"""Lax-fragment classification and partitioning of a Program into kernel regions.
+
+`classify` decides per node whether it is inside the Lax fragment (and if not, why).
+`partition` groups the Lax nodes into maximal connected regions such that no region reaches
+itself through the residual part (so each region can become one kernel call), and leaves
+everything else to XLA. `rebuild` turns a partition back into a `jax.jit`-able function,
+optionally with some regions replaced by other implementations (the kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
+from lax_ir.ops import OPS
+from lax_ir.program import Node, Program, make_params
+
+SHIFT_PASS_THROUGH = ("broadcast_in_dim", "reshape", "convert", "transpose")
+
+
+def _is_float(dtype: str) -> bool:
+    try:
+        return np.dtype(dtype).kind == "f"
+    except TypeError:
+        return False
+
+
+# ---------------------------------------------------------------------- softmax shifts
+def _shift_chain(program: Program, m: int) -> bool:
+    """True if reduce_max node `m` is only used as a stabilising shift before exp."""
+    users = program.users
+    nodes = program.nodes
+    if m in program.outputs:
+        return False
+    stack, seen = [m], {m}
+    while stack:
+        s = stack.pop()
+        if s in program.outputs:
+            return False
+        for u in users[s]:
+            un = nodes[u]
+            if un.op in SHIFT_PASS_THROUGH and un.args == (s,):
+                if u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+            elif un.op == "sub" and un.args[1] == s and un.args[0] != s:
+                if u in program.outputs or not users[u]:
+                    return False
+                for e in users[u]:
+                    en = nodes[e]
+                    if en.op == "exp":
+                        continue
+                    if (
+                        en.op == "convert"
+                        and users[e]
+                        and all(nodes[x].op == "exp" for x in users[e])
+                    ):
+                        continue
+                    return False
+            else:
+                return False
+    return True
+
+
+def mark_softmax_shifts(program: Program) -> Program:
+    """Set `shift=True` on each reduce_max whose only role is a softmax shift."""
+    marks = [
+        i
+        for i, n in program.ops()
+        if n.op == "reduce_max" and not n.param("shift") and _shift_chain(program, i)
+    ]
+    if not marks:
+        return program
+    nodes = list(program.nodes)
+    for i in marks:
+        n = nodes[i]
+        nodes[i] = Node(n.op, n.args, n.shape, n.dtype, make_params(**dict(n.params), shift=True))
+    return Program.build(nodes, program.inputs, program.outputs, program.meta)
+
+
+# ---------------------------------------------------------------------- classification
+@dataclass(frozen=True)
+class Classification:
+    """Per node: `kind` is "lax", "structural" or "residual"; `reason` says why not Lax."""
+
+    kinds: tuple[str, ...]
+    reasons: Mapping[int, str]
+
+
+def classify(program: Program) -> Classification:
+    """Classify every node of `program` against the Lax fragment (see lax_ir.ops)."""
+    kinds: list[str] = []
+    reasons: dict[int, str] = {}
+    tainted: list[bool] = []  # depends on an exp output through Lax nodes
+    for i, n in enumerate(program.nodes):
+        info = OPS[n.op]
+        arg_lax_taint = any(kinds[a] == "lax" and tainted[a] for a in n.args)
+        kind, reason = "lax", None
+        if info.kind == "structural":
+            kind = "structural"
+        elif info.kind == "residual":
+            name = n.param("payload").primitive.name if n.op == "opaque" else "tuple projection"
+            kind, reason = "residual", f"primitive `{name}` is outside the Lax fragment"
+        elif not _is_float(n.dtype) or any(not _is_float(program.nodes[a].dtype) for a in n.args):
+            kind, reason = (
+                "residual",
+                f"`{n.op}` on non-float data ({n.dtype}) is outside the Lax fragment",
+            )
+        elif n.op == "exp" and arg_lax_taint:
+            kind, reason = "residual", "exp nested inside another exp is outside the Lax fragment"
+        elif n.op == "reduce_max" and not n.param("shift"):
+            kind, reason = (
+                "residual",
+                "reduce_max that is not a softmax shift is outside the Lax fragment",
+            )
+        elif n.op == "max":
+            kind, reason = "residual", "elementwise max (e.g. relu) is outside the Lax fragment"
+        kinds.append(kind)
+        if reason:
+            reasons[i] = reason
+        tainted.append(kind == "lax" and (n.op == "exp" or arg_lax_taint))
+    return Classification(tuple(kinds), reasons)
+
+
+# ---------------------------------------------------------------------- partition
+@dataclass(frozen=True)
+class Region:
+    """A maximal connected set of Lax nodes that becomes one kernel call.
+
+    `inputs`/`outputs` are node ids of the enclosing Program, in the positional order of
+    `program` (the region as a standalone Program; constants are copied into it).
+    """
+
+    index: int
+    nodes: tuple[int, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    program: Program
+    neighbours: tuple[tuple[int, str], ...] = ()  # residual nodes adjacent, with reasons
+
+    @property
+    def is_trivial(self) -> bool:
+        """Only shape/dtype plumbing: nothing worth a kernel."""
+        return all(
+            self.program.nodes[i].op
+            in ("reshape", "transpose", "convert", "broadcast_in_dim", "constant")
+            for i, _ in self.program.ops()
+        )
+
+
+@dataclass(frozen=True)
+class Partition:
+    program: Program
+    regions: tuple[Region, ...]
+    residual: tuple[int, ...]
+    classification: Classification
+    order: tuple[tuple[str, int], ...] = field(repr=False)  # ("region", k) or ("node", id)
+
+    def region_of(self, node: int) -> Region | None:
+        for r in self.regions:
+            if node in r.nodes:
+                return r
+        return None
+
+    def explain(self) -> str:
+        """Regions, their sizes, and which residual ops kept what out of them."""
+        p = self.program
+        lines = [
+            f"partition of {p.meta.get('name', 'program')}: {len(self.regions)} Lax region(s), "
+            f"{len(self.residual)} residual op(s)"
+        ]
+        for r in self.regions:
+            counts = r.program.op_counts()
+            ops = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()))
+            lines.append(
+                f"  region {r.index}: {len(r.nodes)} ops ({ops}); "
+                f"{len(r.inputs)} in, {len(r.outputs)} out{' (trivial)' if r.is_trivial else ''}"
+            )
+            for nid, why in r.neighbours:
+                lines.append(f"    bounded by %{nid} {_node_label(p.nodes[nid])}: {why}")
+        for nid in self.residual:
+            lines.append(
+                f"  residual %{nid} {_node_label(p.nodes[nid])}: {self.classification.reasons.get(nid, '')}"
+            )
+        return "\n".join(lines)
+
+    __str__ = explain
+
+
+def _node_label(n: Node) -> str:
+    if n.op == "opaque":
+        return n.param("payload").primitive.name
+    return n.op
+
+
+class _UnionFind:
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+
+def partition(program: Program) -> Partition:
+    """Split `program` into maximal acyclic Lax regions plus residual XLA ops."""
+    cls = classify(program)
+    nodes = program.nodes
+    n = len(nodes)
+    active = [i for i in range(n) if cls.kinds[i] != "structural"]
+    uf = _UnionFind(n)
+
+    def group_edges() -> dict[int, set[int]]:
+        succ: dict[int, set[int]] = {}
+        for i in active:
+            gi = uf.find(i)
+            for a in nodes[i].args:
+                if cls.kinds[a] == "structural":
+                    continue
+                ga = uf.find(a)
+                if ga != gi:
+                    succ.setdefault(ga, set()).add(gi)
+        return succ
+
+    def creates_cycle(ga: int, gb: int, succ: dict[int, set[int]]) -> bool:
+        # A path ga -> X -> ... -> gb through some other group X makes the merge cyclic.
+        stack = [x for x in succ.get(ga, ()) if x != gb]
+        seen = set(stack)
+        while stack:
+            x = stack.pop()
+            for y in succ.get(x, ()):
+                if y == gb:
+                    return True
+                if y not in seen and y != ga:
+                    seen.add(y)
+                    stack.append(y)
+        return False
+
+    for i in active:
+        if cls.kinds[i] != "lax":
+            continue
+        for a in nodes[i].args:
+            if cls.kinds[a] != "lax":
+                continue
+            ga, gi = uf.find(a), uf.find(i)
+            if ga == gi:
+                continue
+            if not creates_cycle(ga, gi, group_edges()):
+                uf.parent[gi] = ga
+
+    groups: dict[int, list[int]] = {}
+    for i in active:
+        if cls.kinds[i] == "lax":
+            groups.setdefault(uf.find(i), []).append(i)
+    residual = tuple(i for i in active if cls.kinds[i] == "residual")
+
+    # Order units (regions and residual nodes) topologically.
+    unit_of: dict[int, tuple[str, int]] = {}
+    region_roots = sorted(groups, key=lambda g: min(groups[g]))
+    for k, g in enumerate(region_roots):
+        for i in groups[g]:
+            unit_of[i] = ("region", k)
+    for i in residual:
+        unit_of[i] = ("node", i)
+    succ: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    indeg: dict[tuple[str, int], int] = {u: 0 for u in set(unit_of.values())}
+    for i in active:
+        for a in nodes[i].args:
+            if (
+                a in unit_of
+                and unit_of[a] != unit_of[i]
+                and unit_of[i] not in succ.setdefault(unit_of[a], set())
+            ):
+                succ[unit_of[a]].add(unit_of[i])
+                indeg[unit_of[i]] += 1
+    ready = sorted(
+        [u for u, d in indeg.items() if d == 0], key=lambda u: _unit_key(u, groups, region_roots)
+    )
+    order: list[tuple[str, int]] = []
+    while ready:
+        u = ready.pop(0)
+        order.append(u)
+        for v in sorted(succ.get(u, ()), key=lambda u: _unit_key(u, groups, region_roots)):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if len(order) != len(indeg):
+        raise AssertionError("partition produced a cyclic unit graph (a bug)")
+
+    outputs = set(program.outputs)
+    regions = []
+    for k, g in enumerate(region_roots):
+        members = tuple(sorted(groups[g]))
+        mset = set(members)
+        ins: list[int] = []
+        for i in members:
+            for a in nodes[i].args:
+                if a not in mset and nodes[a].op != "constant" and a not in ins:
+                    ins.append(a)
+        outs = [i for i in members if i in outputs or any(u not in mset for u in program.users[i])]
+        neighbours = sorted(
+            {
+                (x, cls.reasons[x])
+                for i in members
+                for x in (*nodes[i].args, *program.users[i])
+                if cls.kinds[x] == "residual"
+            }
+        )
+        sub = _subprogram(
+            program, members, ins, outs, name=f"{program.meta.get('name', 'program')}.region{k}"
+        )
+        regions.append(Region(k, members, tuple(ins), tuple(outs), sub, tuple(neighbours)))
+    return Partition(program, tuple(regions), residual, cls, tuple(order))
+
+
+def _unit_key(u: tuple[str, int], groups: dict[int, list[int]], roots: list[int]) -> int:
+    return min(groups[roots[u[1]]]) if u[0] == "region" else u[1]
+
+
+def _subprogram(
+    program: Program, members: Sequence[int], ins: Sequence[int], outs: Sequence[int], name: str
+) -> Program:
+    """The region as a standalone Program: external values become inputs, constants copied."""
+    nodes = program.nodes
+    new: list[Node] = []
+    remap: dict[int, int] = {}
+    for a in ins:
+        remap[a] = len(new)
+        new.append(Node("input", (), nodes[a].shape, nodes[a].dtype, ()))
+    mset = set(members)
+    for i in sorted(
+        mset | {a for m in members for a in nodes[m].args if nodes[a].op == "constant"}
+    ):
+        if i in remap:
+            continue
+        nd = nodes[i]
+        remap[i] = len(new)
+        new.append(Node(nd.op, tuple(remap[a] for a in nd.args), nd.shape, nd.dtype, nd.params))
+    return Program.build(new, [remap[a] for a in ins], [remap[o] for o in outs], {"name": name})
+
+
+# ---------------------------------------------------------------------- rebuild
+RegionImpl = Callable[..., Sequence[Any]]
+
+
+def run_partition(
+    part: Partition,
+    inputs: Sequence[Any],
+    replacements: Mapping[int, RegionImpl] | None = None,
+) -> list[Any]:
+    """Evaluate a partition with jnp; regions run through `replacements[k]` when given."""
+    program = part.program
+    replacements = replacements or {}
+    algebra = FloatAlgebra()
+    env: dict[int, Any] = dict(zip(program.inputs, inputs))
+    for i, nd in enumerate(program.nodes):
+        if nd.op == "constant":
+            env[i] = eval_node(algebra, nd, [])
+    for kind, idx in part.order:
+        if kind == "node":
+            nd = program.nodes[idx]
+            env[idx] = eval_node(algebra, nd, [env[a] for a in nd.args])
+        else:
+            region = part.regions[idx]
+            args = [env[a] for a in region.inputs]
+            impl = replacements.get(idx)
+            outs = impl(*args) if impl is not None else evaluate(region.program, *args)
+            for o, v in zip(region.outputs, outs):
+                env[o] = v
+    return [env[o] for o in program.outputs]
+
+
+def as_function(
+    program: Program, flat_fn: Callable[[Sequence[Any]], list[Any]] | None = None
+) -> Callable[..., Any]:
+    """A function with the captured function's pytree signature that runs `flat_fn`.
+
+    By default `flat_fn` evaluates the Program with jnp. Static arguments must be passed
+    again (they are checked to match what was captured).
+    """
+    meta = program.meta
+    if flat_fn is None:
+
+        def flat_fn(xs: Sequence[Any]) -> list[Any]:
+            return evaluate(program, *xs)
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        import jax
+
+        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        if "in_tree" in meta and in_tree != meta["in_tree"]:
+            raise TypeError(f"arguments have structure {in_tree}, captured with {meta['in_tree']}")
+        dyn = meta.get("dynamic_leaves", tuple(range(len(leaves))))
+        for i, v in meta.get("static_leaves", ()):
+            if leaves[i] is not v and leaves[i] != v:
+                raise TypeError(f"static argument leaf {i} is {leaves[i]!r}, captured with {v!r}")
+        outs = flat_fn([leaves[i] for i in dyn])
+        if "out_tree" in meta:
+            return jax.tree_util.tree_unflatten(meta["out_tree"], outs)
+        return outs
+
+    return fn
+
+
+def rebuild(
+    part: Partition, replacements: Mapping[int, RegionImpl] | None = None
+) -> Callable[..., Any]:
+    """The partitioned program as a function of the original's arguments (jittable)."""
+    return as_function(part.program, lambda xs: run_partition(part, xs, replacements))
