@@ -74,8 +74,11 @@ def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Program:
         a, k = jax.tree_util.tree_unflatten(in_tree, full)
         out = fn(*a, **k)
         flat, out_tree = jax.tree_util.tree_flatten(out)
-        out_tree_box.append(out_tree)
-        return flat
+        # Leaves that are not traced values (strings, None-like markers) are static outputs.
+        traced = [j for j, x in enumerate(flat) if isinstance(x, jax.core.Tracer)]
+        static_out = tuple((j, x) for j, x in enumerate(flat) if j not in set(traced))
+        out_tree_box.append((out_tree, tuple(traced), static_out))
+        return [flat[j] for j in traced]
 
     closed = jax.make_jaxpr(flat_fn)(*specs)
     name = getattr(fn, "__name__", "program")
@@ -86,7 +89,9 @@ def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Program:
     meta = {
         "name": name,
         "in_tree": in_tree,
-        "out_tree": out_tree_box[-1],
+        "out_tree": out_tree_box[-1][0],
+        "dynamic_outputs": out_tree_box[-1][1],
+        "static_outputs": out_tree_box[-1][2],
         "dynamic_leaves": tuple(dynamic),
         "static_leaves": tuple(statics),
     }
@@ -215,10 +220,7 @@ def _array_aval(v: Any) -> bool:
 
 
 def _aval_dtype(v: Any) -> str:
-    try:
-        return dtype_name(v.aval.dtype)
-    except TypeError:  # extended dtypes (PRNG keys, tokens): keep their printed name
-        return str(v.aval.dtype)
+    return dtype_name(v.aval.dtype)
 
 
 def _is_const(b: _Builder, i: int, pred: Callable[[np.ndarray], bool]) -> bool:

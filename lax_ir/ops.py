@@ -84,8 +84,11 @@ def short_dtype(dtype: str) -> str:
 
 
 def dtype_name(dtype: object) -> str:
-    """The numpy name of a dtype-like (jnp dtypes, numpy dtypes, strings)."""
-    return np.dtype(dtype).name
+    """The numpy name of a dtype-like; extended dtypes (PRNG keys) keep their printed name."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:

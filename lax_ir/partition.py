@@ -398,12 +398,17 @@ def as_function(
             raise TypeError(f"arguments have structure {in_tree}, captured with {meta['in_tree']}")
         dyn = meta.get("dynamic_leaves", tuple(range(len(leaves))))
         for i, v in meta.get("static_leaves", ()):
-            if leaves[i] is not v and leaves[i] != v:
+            if not _same_static(leaves[i], v):
                 raise TypeError(f"static argument leaf {i} is {leaves[i]!r}, captured with {v!r}")
         outs = flat_fn([leaves[i] for i in dyn])
-        if "out_tree" in meta:
-            return jax.tree_util.tree_unflatten(meta["out_tree"], outs)
-        return outs
+        if "out_tree" not in meta:
+            return outs
+        flat: list[Any] = [None] * meta["out_tree"].num_leaves
+        for j, v in zip(meta["dynamic_outputs"], outs):
+            flat[j] = v
+        for j, v in meta["static_outputs"]:
+            flat[j] = v
+        return jax.tree_util.tree_unflatten(meta["out_tree"], flat)
 
     return fn
 
@@ -413,3 +418,12 @@ def rebuild(
 ) -> Callable[..., Any]:
     """The partitioned program as a function of the original's arguments (jittable)."""
     return as_function(part.program, lambda xs: run_partition(part, xs, replacements))
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
