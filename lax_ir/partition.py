@@ -303,6 +303,7 @@ def partition(program: Program) -> Partition:
             for a in nodes[i].args:
                 if a not in mset and nodes[a].op != "constant" and a not in ins:
                     ins.append(a)
+        ins.sort()  # program inputs first, in positional order
         outs = [i for i in members if i in outputs or any(u not in mset for u in program.users[i])]
         neighbours = sorted(
             {
