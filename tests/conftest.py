@@ -1,0 +1,35 @@
+"""Shared test configuration: GPU tests run only where jax sees a GPU; ../shared is optional."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import pytest
+
+SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
+PEER = SHARED / "peer" / "mirage_mugraphs"
+
+
+def has_gpu() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def peer_dir() -> pathlib.Path:
+    """The original system's checkpoints; skips where ../shared is absent (a fresh clone)."""
+    if not PEER.is_dir():
+        pytest.skip("../shared/peer/mirage_mugraphs is not present")
+    return PEER
