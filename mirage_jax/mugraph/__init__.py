@@ -14,8 +14,17 @@ from mirage_jax.mugraph.graph import KernelOp as KernelOp
 from mirage_jax.mugraph.graph import MuGraph as MuGraph
 from mirage_jax.mugraph.graph import MuGraphBuilder as MuGraphBuilder
 from mirage_jax.mugraph.graph import MuGraphError as MuGraphError
+from mirage_jax.mugraph.mirage_import import import_mugraph as import_mugraph
+from mirage_jax.mugraph.mirage_import import load_mirage_checkpoint as load_mirage_checkpoint
 from mirage_jax.mugraph.ops import ACCUMULATORS as ACCUMULATORS
 from mirage_jax.mugraph.ops import OPS as OPS
+from mirage_jax.mugraph.render import draw as draw
+from mirage_jax.mugraph.render import render as render
+from mirage_jax.mugraph.render import to_dot as to_dot
+from mirage_jax.mugraph.render import to_svg as to_svg
+from mirage_jax.mugraph.render import to_text as to_text
+from mirage_jax.mugraph.serialize import from_json as from_json
+from mirage_jax.mugraph.serialize import to_json as to_json
 from mirage_jax.mugraph.validate import TARGETS as TARGETS
 from mirage_jax.mugraph.validate import BlockInfo as BlockInfo
 from mirage_jax.mugraph.validate import Target as Target
