@@ -1,0 +1,697 @@
+"""`mirage_jax.jit`: the decorator. Capture, partition, resolve each region, assemble one jit.
+
+`jit(fn)` returns a `MirageJit` that wraps `jax.jit(traced)`. At trace time, `traced` captures
+`fn` on the tracers' avals (static arguments are baked in), partitions the Program, and
+resolves every Lax region: the in-process memo, then the SQLite cache, then (if allowed) the
+search, choosing a verified µGraph or XLA. Each chosen µGraph is lowered and wrapped in a
+`jax.custom_vjp` whose backward pass is the XLA vjp of its region; `lax_ir.rebuild` then runs
+the kernels in place of their regions and everything else as XLA. `jax.jit`'s own cache means
+a second call with the same signature does none of this (see `MirageJit.stats`).
+
+Anything that cannot be done (no GPU, no search module, a failed lowering, a stale cache
+entry) falls back to XLA for that region, with one clear warning, never a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+import lax_ir
+from mirage_jax.cache import Cache, CacheEntry, lib_version, make_key
+
+BACKENDS = ("auto", "pallas", "triton", "pallas-interpret", "reference", "xla")
+"""auto: Pallas on a GPU, XLA elsewhere; pallas/triton: GPU kernels; pallas-interpret: Pallas
+kernels in interpret mode (any machine; slow; for tests); reference: the µGraph's own jnp
+evaluator instead of a kernel (tests); xla: never replace a region."""
+SEARCH_MODES = ("auto", "cached", "off")
+"""auto: cache, then search on a miss; cached: cache only; off: plain XLA, no cache."""
+DEFAULT_BUDGET_S = 60.0
+
+
+class MirageWarning(UserWarning):
+    """mirage_jax ran (part of) a function as plain XLA; the message says why."""
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
+    """Warn with `message` the first time `key` is seen in this process."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(message, MirageWarning, stacklevel=stacklevel)
+
+
+def has_gpu() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return False
+
+
+def device_kind() -> str:
+    """The default device's kind, e.g. "NVIDIA H100 80GB HBM3" or "cpu"."""
+    try:
+        return str(jax.devices()[0].device_kind)
+    except (RuntimeError, IndexError):
+        return "unknown"
+
+
+# ---------------------------------------------------------------------- records
+@dataclass
+class JitStats:
+    """Counters for what tracing did (the tests count captures and searches)."""
+
+    traces: int = 0
+    captures: int = 0
+    searches: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    memo_hits: int = 0
+    kernels: int = 0
+    xla_regions: int = 0
+    fallbacks: int = 0
+
+
+@dataclass(frozen=True)
+class RegionDecision:
+    """What one region runs as, and why.
+
+    Arguments:
+        index: the region's index in the partition.
+        region_hash: the canonical hash of the region's Program.
+        status: "kernel" (a µGraph replaces it) or "xla".
+        reason: why (a cache hit, a search result, no GPU, a failure, ...).
+        source: "cache", "search", "memo" or "none".
+        mugraph: the chosen µGraph (None for XLA).
+        verification: the verification record (region, µGraph, output order, verdict).
+        timings: measured times in µs where known (e.g. mugraph_us, xla_us).
+        cache_key: the cache key the decision is stored under ("" if none).
+        backend: the backend a kernel is lowered for ("" for XLA).
+    """
+
+    index: int
+    region_hash: str
+    status: str
+    reason: str
+    source: str = "none"
+    mugraph: Any = None
+    verification: Mapping[str, Any] | None = None
+    timings: Mapping[str, Any] | None = None
+    cache_key: str = ""
+    backend: str = ""
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One trace of a MirageJit: the Program, its partition, one decision per region."""
+
+    name: str
+    program: Any
+    partition: Any
+    decisions: tuple[RegionDecision, ...]
+    backend: str
+    search: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class _Options:
+    backend: str
+    search: str
+    budget_s: float
+    seed: int
+    workers: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+    lower_config: Any = None
+
+
+# ---------------------------------------------------------------------- the decorator
+class MirageJit:
+    """A function compiled like `jax.jit`, with Lax regions replaced by verified kernels.
+
+    Call it like the wrapped function. `stats` counts what tracing did, `records` keeps the
+    most recent traces (see `mirage_jax.explain` for a readable report), and `lower`/`trace`
+    pass through to the underlying `jax.jit` object.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None,
+        backend: str = "auto",
+        search: str = "auto",
+        budget_s: float = DEFAULT_BUDGET_S,
+        cache: Cache | str | bool | None = None,
+        seed: int = 0,
+        workers: int = 1,
+        options: Mapping[str, Any] | None = None,
+        lower_config: Any = None,
+    ):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if search not in SEARCH_MODES:
+            raise ValueError(f"search must be one of {SEARCH_MODES}, got {search!r}")
+        self.fn = fn
+        self.opts = _Options(
+            backend, search, float(budget_s), int(seed), int(workers), dict(options or {}),
+            lower_config,
+        )  # fmt: skip
+        self.cache = _open_cache(cache)
+        self.stats = JitStats()
+        self.records: list[TraceRecord] = []
+        self._memo: dict[str, RegionDecision] = {}
+        self._jit_kwargs = {
+            "static_argnums": static_argnums,
+            "static_argnames": static_argnames,
+            "donate_argnums": donate_argnums,
+            "donate_argnames": donate_argnames,
+        }
+
+        @functools.wraps(fn)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            return self._traced(*args, **kwargs)
+
+        self._jitted = jax.jit(traced, **self._jit_kwargs)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._jitted(*args, **kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        return f"<mirage_jax.jit {name} backend={self.opts.backend} search={self.opts.search}>"
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(...).lower` of the assembled function."""
+        return self._jitted.lower(*args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(...).trace` of the assembled function (runs the resolution)."""
+        return self._jitted.trace(*args, **kwargs)
+
+    def with_options(self, **changes: Any) -> MirageJit:
+        """A new MirageJit of the same function with some options changed."""
+        kw = dict(self._jit_kwargs)
+        kw.update(
+            backend=self.opts.backend,
+            search=self.opts.search,
+            budget_s=self.opts.budget_s,
+            cache=self.cache if self.cache is not None else False,
+            seed=self.opts.seed,
+            workers=self.opts.workers,
+            options=self.opts.options,
+            lower_config=self.opts.lower_config,
+        )
+        kw.update(changes)
+        return MirageJit(self.fn, **kw)
+
+    @property
+    def last(self) -> TraceRecord | None:
+        """The most recent trace record."""
+        return self.records[-1] if self.records else None
+
+    # ------------------------------------------------------------------ trace time
+    def _traced(self, *args: Any, **kwargs: Any) -> Any:
+        self.stats.traces += 1
+        name = getattr(self.fn, "__name__", "function")
+        try:
+            program = _capture(self.fn, args, kwargs)
+            self.stats.captures += 1
+            part = lax_ir.partition(program)
+        except Exception as e:  # capture never should fail; if it does, XLA still runs
+            self.stats.fallbacks += 1
+            warn_once(
+                f"capture:{id(self.fn)}",
+                f"mirage_jax.jit could not capture {name} ({type(e).__name__}: {e}); "
+                "running it as plain XLA",
+            )
+            self._record(TraceRecord(name, None, None, (), self.opts.backend, self.opts.search,
+                                     error=f"{type(e).__name__}: {e}"))  # fmt: skip
+            return self.fn(*args, **kwargs)
+        decisions, replacements = self._resolve(part)
+        self._record(
+            TraceRecord(name, program, part, decisions, self.opts.backend, self.opts.search)
+        )
+        return lax_ir.rebuild(part, replacements)(*args, **kwargs)
+
+    def _record(self, record: TraceRecord) -> None:
+        self.records = [*self.records[-7:], record]
+
+    def _resolve(self, part: Any) -> tuple[tuple[RegionDecision, ...], dict[int, Callable]]:
+        backend, why_not = _effective_backend(self.opts.backend)
+        decisions: list[RegionDecision] = []
+        replacements: dict[int, Callable] = {}
+        pending = [r for r in part.regions if not r.is_trivial]
+        for region in part.regions:
+            if region.is_trivial:
+                decisions.append(_xla(region, "only shape/dtype plumbing: nothing to fuse"))
+            elif self.opts.search == "off":
+                decisions.append(_xla(region, "search='off'"))
+            elif backend is None:
+                decisions.append(_xla(region, why_not))
+        if self.opts.search == "off" or backend is None or not pending:
+            self.stats.xla_regions += len(decisions)
+            return tuple(decisions), replacements
+        searcher = Resolver(self, backend)
+        for region in pending:
+            decision = searcher.resolve(region)
+            if decision.status == "kernel":
+                impl = _kernel(decision, region, backend, self.opts.lower_config)
+                if isinstance(impl, str):
+                    decision = _xla(region, impl, decision)
+                else:
+                    replacements[region.index] = impl
+            decisions.append(decision)
+        decisions.sort(key=lambda d: d.index)
+        self.stats.kernels += sum(d.status == "kernel" for d in decisions)
+        self.stats.xla_regions += sum(d.status == "xla" for d in decisions)
+        return tuple(decisions), replacements
+
+
+class Resolver:
+    """Resolves one region: memo → cache → search (when allowed) → store."""
+
+    def __init__(self, owner: MirageJit, backend: str):
+        self.owner = owner
+        self.backend = backend
+        self.device = device_kind()
+        self.version = lib_version()
+
+    def key_options(self) -> dict[str, Any]:
+        opts = dict(self.owner.opts.options)
+        if self.owner.opts.lower_config is not None:
+            opts["lower_config"] = repr(self.owner.opts.lower_config)
+        return opts
+
+    def resolve(self, region: Any) -> RegionDecision:
+        owner, stats = self.owner, self.owner.stats
+        rhash = region.program.canonical_hash
+        key = make_key(rhash, self.device, self.backend, self.version, self.key_options())
+        if key in owner._memo:
+            stats.memo_hits += 1
+            d = owner._memo[key]
+            return _replace(d, index=region.index, source="memo")
+        decision = self._from_cache(region, key)
+        if decision is None and owner.opts.search == "auto":
+            decision = self._search(region, key)
+        if decision is None:
+            why = (
+                "not in the cache (search='cached')"
+                if owner.opts.search == "cached"
+                else "no search result"
+            )
+            return _xla(region, why)
+        owner._memo[key] = decision
+        return decision
+
+    def _from_cache(self, region: Any, key: str) -> RegionDecision | None:
+        cache, stats = self.owner.cache, self.owner.stats
+        if cache is None:
+            return None
+        try:
+            hit = cache.lookup(
+                region.program.canonical_hash,
+                self.device,
+                self.backend,
+                self.key_options(),
+                program=region.program,
+                version=self.version,
+            )
+        except Exception as e:  # an unusable cache is never fatal
+            warn_once(
+                f"cache:{cache.path}",
+                f"mirage_jax cache {cache.path} is unusable ({type(e).__name__}: {e}); "
+                "running without it",
+            )
+            return None
+        if hit is None:
+            stats.cache_misses += 1
+            return None
+        stats.cache_hits += 1
+        entry, mugraph = hit
+        if mugraph is None:
+            return _xla(region, "cached: no µGraph beat XLA", source="cache", entry=entry)
+        return RegionDecision(
+            index=region.index,
+            region_hash=entry.region_hash,
+            status="kernel",
+            reason="cached verified µGraph",
+            source="cache",
+            mugraph=mugraph,
+            verification=entry.verification,
+            timings=entry.timings,
+            cache_key=entry.key,
+            backend=self.backend,
+        )
+
+    def _search(self, region: Any, key: str) -> RegionDecision | None:
+        owner = self.owner
+        try:
+            found = search_region(region.program, owner.opts, self.backend)
+        except SearchUnavailable as e:
+            warn_once(
+                "search-unavailable",
+                f"mirage_jax.jit(search='auto'): {e}; regions not in the cache run as XLA",
+            )
+            return None
+        except Exception as e:
+            warn_once(
+                f"search-failed:{key}",
+                f"mirage_jax search failed on region {region.index} "
+                f"({type(e).__name__}: {e}); it runs as XLA",
+            )
+            return None
+        owner.stats.searches += 1
+        entry = Cache.entry(
+            region.program.canonical_hash,
+            self.device,
+            self.backend,
+            mugraph_json=found.mugraph_json,
+            verdict_json=found.verdict_json,
+            timings=found.timings,
+            options=self.key_options(),
+            version=self.version,
+        )
+        if owner.cache is not None:
+            try:
+                owner.cache.put(entry)
+            except Exception as e:
+                warn_once(
+                    f"cache-write:{owner.cache.path}",
+                    f"mirage_jax cache {owner.cache.path}: could not store a search result "
+                    f"({type(e).__name__}: {e})",
+                )
+        if found.mugraph is None:
+            return _xla(region, f"searched: {found.reason}", source="search", entry=entry)
+        return RegionDecision(
+            index=region.index,
+            region_hash=entry.region_hash,
+            status="kernel",
+            reason=f"searched: {found.reason}",
+            source="search",
+            mugraph=found.mugraph,
+            verification=entry.verification,
+            timings=entry.timings,
+            cache_key=entry.key,
+            backend=self.backend,
+        )
+
+
+# ---------------------------------------------------------------------- search
+class SearchUnavailable(RuntimeError):
+    """The search cannot run here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """A region's search result as stored: the chosen µGraph, or None when XLA is best."""
+
+    mugraph: Any
+    mugraph_json: str | None
+    verdict_json: str | None
+    timings: Mapping[str, Any]
+    reason: str
+
+
+def search_region(program: Any, opts: _Options, backend: str) -> SearchOutcome:
+    """Search µGraphs for one region and select the fastest verified one (or XLA)."""
+    try:
+        from mirage_jax import search as search_mod
+    except ImportError as e:
+        raise SearchUnavailable(f"mirage_jax.search is not available ({e})") from e
+    raise SearchUnavailable(
+        f"mirage_jax.search ({search_mod.__name__}) is not wired into mirage_jax.jit yet"
+    )
+
+
+# ---------------------------------------------------------------------- helpers
+def _replace(d: RegionDecision, **changes: Any) -> RegionDecision:
+    import dataclasses
+
+    return dataclasses.replace(d, **changes)
+
+
+def _xla(
+    region: Any,
+    reason: str,
+    base: RegionDecision | None = None,
+    *,
+    source: str = "none",
+    entry: CacheEntry | None = None,
+) -> RegionDecision:
+    if base is not None:
+        return _replace(base, status="xla", reason=reason, backend="")
+    return RegionDecision(
+        index=region.index,
+        region_hash=region.program.canonical_hash,
+        status="xla",
+        reason=reason,
+        source=source,
+        timings=entry.timings if entry is not None else None,
+        cache_key=entry.key if entry is not None else "",
+    )
+
+
+def _open_cache(cache: Cache | str | bool | None) -> Cache | None:
+    if cache is False:
+        return None
+    if isinstance(cache, Cache):
+        return cache
+    if cache is None or cache is True:
+        return Cache()
+    return Cache(cache)
+
+
+def _effective_backend(backend: str) -> tuple[str | None, str]:
+    """The backend kernels are lowered for, or (None, why every region stays XLA)."""
+    if backend == "xla":
+        return None, "backend='xla'"
+    if backend in ("pallas-interpret", "reference"):
+        return backend, ""
+    if has_gpu():
+        return ("pallas" if backend == "auto" else backend), ""
+    warn_once(
+        "no-gpu",
+        f"no GPU: mirage_jax.jit runs the XLA path (backend={backend!r} needs a GPU); "
+        "pass backend='pallas-interpret' to run the kernels in Pallas interpret mode "
+        "(slow, for testing)",
+        stacklevel=5,
+    )
+    return None, "no GPU (backend='pallas-interpret' runs kernels in interpret mode)"
+
+
+def _capture(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Capture `fn` on the avals of the (traced) arguments; weak types are kept."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    weak = []
+    specs = []
+    for x in leaves:
+        if isinstance(x, (jax.core.Tracer, jax.Array)):
+            aval = jax.typeof(x)
+            specs.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype))
+            weak.append(bool(getattr(aval, "weak_type", False)))
+        else:
+            specs.append(x)
+            weak.append(False)
+    if any(weak):
+        from jax._src.lax import lax as lax_internal  # the one way to make a weak-typed value
+
+        @functools.wraps(fn)
+        def with_weak(*a: Any, **k: Any) -> Any:
+            ls, tr = jax.tree_util.tree_flatten((a, k))
+            ls = [
+                lax_internal._convert_element_type(v, v.dtype, weak_type=True) if w else v
+                for v, w in zip(ls, weak)
+            ]
+            a2, k2 = jax.tree_util.tree_unflatten(tr, ls)
+            return fn(*a2, **k2)
+
+        target = with_weak
+    else:
+        target = fn
+    sa, sk = jax.tree_util.tree_unflatten(tree, specs)
+    return lax_ir.capture(target, *sa, **sk)
+
+
+def _kernel(
+    decision: RegionDecision, region: Any, backend: str, lower_config: Any
+) -> Callable | str:
+    """The region's replacement (a custom_vjp around the lowered µGraph), or why not."""
+    program = region.program
+    try:
+        impl = _lower(decision.mugraph, backend, lower_config)
+    except Exception as e:
+        warn_once(
+            f"lower:{decision.cache_key}:{backend}",
+            f"mirage_jax: could not lower the µGraph of region {region.index} for "
+            f"{backend} ({type(e).__name__}: {e}); it runs as XLA",
+        )
+        return f"lowering failed ({type(e).__name__}: {e})"
+    order = (decision.verification or {}).get("output_order")
+    order = list(order) if order else list(range(len(program.outputs)))
+
+    def ordered(*xs: Any) -> list[Any]:
+        outs = list(impl(*xs))
+        return [outs[i] for i in order]
+
+    specs = [jax.ShapeDtypeStruct(s, d) for s, d in program.input_avals]
+    try:
+        got = [(tuple(o.shape), str(o.dtype)) for o in jax.eval_shape(ordered, *specs)]
+    except Exception as e:
+        warn_once(
+            f"lower-shape:{decision.cache_key}:{backend}",
+            f"mirage_jax: the lowered µGraph of region {region.index} fails to trace "
+            f"({type(e).__name__}: {e}); it runs as XLA",
+        )
+        return f"lowered kernel fails to trace ({type(e).__name__})"
+    want = [(tuple(s), str(d)) for s, d in program.output_avals]
+    if got != want:
+        warn_once(
+            f"lower-avals:{decision.cache_key}:{backend}",
+            f"mirage_jax: the lowered µGraph of region {region.index} returns {got}, the region "
+            f"{want}; it runs as XLA",
+        )
+        return "lowered kernel has the wrong output shapes/dtypes"
+    return with_xla_vjp(ordered, program)
+
+
+def _lower(mugraph: Any, backend: str, lower_config: Any) -> Callable[..., Sequence[Any]]:
+    if backend == "reference":
+        from mirage_jax.mugraph import evaluate
+
+        return functools.partial(evaluate, mugraph)
+    try:
+        from mirage_jax.lower import lower
+    except ImportError as e:
+        raise RuntimeError(f"mirage_jax.lower is not available ({e})") from e
+    if backend == "pallas-interpret":
+        return lower(mugraph, backend="pallas", config=lower_config, interpret=True)
+    return lower(mugraph, backend=backend, config=lower_config)
+
+
+def with_xla_vjp(impl: Callable[..., Sequence[Any]], program: Any) -> Callable[..., list[Any]]:
+    """`impl` as a custom_vjp whose backward pass is the XLA vjp of `program`."""
+
+    @jax.custom_vjp
+    def kernel(*xs: Any) -> tuple[Any, ...]:
+        return tuple(impl(*xs))
+
+    def fwd(*xs: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return tuple(impl(*xs)), xs
+
+    def bwd(xs: tuple[Any, ...], cts: tuple[Any, ...]) -> tuple[Any, ...]:
+        _, vjp = jax.vjp(lambda *a: tuple(lax_ir.evaluate(program, *a)), *xs)
+        return vjp(tuple(cts))
+
+    kernel.defvjp(fwd, bwd)
+    return lambda *xs: list(kernel(*xs))
+
+
+# ---------------------------------------------------------------------- public entry points
+def jit(
+    fn: Callable[..., Any] | None = None,
+    *,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
+    backend: str = "auto",
+    search: str = "auto",
+    budget_s: float = DEFAULT_BUDGET_S,
+    cache: Cache | str | bool | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    options: Mapping[str, Any] | None = None,
+    lower_config: Any = None,
+) -> Any:
+    """Compile `fn` like `jax.jit`, replacing its Lax regions with verified fused kernels.
+
+    Usable as `jit(fn, ...)`, `@jit` and `@jit(...)`.
+
+    Arguments:
+        fn: the function (pytrees in and out).
+        static_argnums, static_argnames, donate_argnums, donate_argnames: as in `jax.jit`.
+        backend: one of `BACKENDS`; "auto" lowers to Pallas on a GPU and keeps XLA elsewhere.
+        search: "auto" (cache, then search on a miss), "cached" (cache only), "off" (XLA).
+        budget_s: search time budget per region, in seconds.
+        cache: a `Cache`, a database path, None for the default path, False for none.
+        seed: the search seed (results are deterministic for a seed).
+        workers: search worker processes.
+        options: extra options that change the result (part of the cache key).
+        lower_config: a lowering config passed to `mirage_jax.lower.lower`.
+    """
+    kwargs = dict(
+        static_argnums=static_argnums,
+        static_argnames=static_argnames,
+        donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames,
+        backend=backend,
+        search=search,
+        budget_s=budget_s,
+        cache=cache,
+        seed=seed,
+        workers=workers,
+        options=options,
+        lower_config=lower_config,
+    )
+    if fn is None:
+        return functools.partial(jit, **kwargs)
+    if not callable(fn):
+        raise TypeError(f"mirage_jax.jit expects a function, got {type(fn).__name__}")
+    return MirageJit(fn, **kwargs)
+
+
+def superoptimize(
+    fn: Callable[..., Any],
+    *args: Any,
+    backend: str = "auto",
+    budget_s: float = DEFAULT_BUDGET_S,
+    cache: Cache | str | bool | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    search: str = "auto",
+    static_argnums: int | Sequence[int] | None = None,
+    **kwargs: Any,
+) -> TraceRecord:
+    """Search (and cache) kernels for `fn` at the given arguments; returns the trace record.
+
+    `args`/`kwargs` may be arrays or `jax.ShapeDtypeStruct`s; nothing is executed.
+    """
+    f = fn if isinstance(fn, MirageJit) else None
+    if f is None:
+        f = MirageJit(
+            fn,
+            static_argnums=static_argnums,
+            backend=backend,
+            search=search,
+            budget_s=budget_s,
+            cache=cache,
+            seed=seed,
+            workers=workers,
+        )
+    f.trace(*args, **kwargs)
+    assert f.last is not None
+    return f.last
+
+
+def signature_of(fn: Callable[..., Any]) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
