@@ -1,3 +1,18 @@
 """mirage_jax: a multi-level superoptimizer for JAX programs, after Mirage (OSDI'25)."""
 
 __version__ = "0.1.0"
+
+from mirage_jax.api import BACKENDS as BACKENDS
+from mirage_jax.api import SEARCH_MODES as SEARCH_MODES
+from mirage_jax.api import JitStats as JitStats
+from mirage_jax.api import MirageJit as MirageJit
+from mirage_jax.api import MirageWarning as MirageWarning
+from mirage_jax.api import RegionDecision as RegionDecision
+from mirage_jax.api import TraceRecord as TraceRecord
+from mirage_jax.api import jit as jit
+from mirage_jax.api import superoptimize as superoptimize
+from mirage_jax.cache import Cache as Cache
+from mirage_jax.cache import CacheEntry as CacheEntry
+from mirage_jax.cache import CacheWarning as CacheWarning
+from mirage_jax.explain import Explanation as Explanation
+from mirage_jax.explain import explain as explain
