@@ -12,6 +12,8 @@ Mirage-specific meanings (chosen to equal how the benchmark functions capture, o
 - gelu(x) = (0.5·x) · (1 − erf(−x · c)), c = 1/√2 rounded to the tensor's dtype, which is how
   `jax.nn.gelu(x, approximate=False)` captures (erfc(y) normalised into 1 − erf(y));
 - rms_norm(x) = x / sqrt(sum(x·x, last) / n) with NO eps (the original's), computed in fp32;
+  an optional `eps` param (rms_norm, accum_rms_last) adds it under the sqrt: our benchmarks'
+  rms_norm has one, and `add_scalar` (x + scalar) spells it where the mean is separate;
 - accumulators and norms compute in fp32 (`convert`), like the generated kernels; in the field
   `convert` is the identity. Counts n are exact fp32 constants, so a mean is sum / n.
 - reduce_max and accum_max exist only as stabilising shifts (Algebra.shift_max): the float
@@ -215,6 +217,16 @@ def _mul_scalar(ctx, a):
     return ctx.alg.mul(a[0], ctx.const(ctx.params["scalar"]))
 
 
+def _add_scalar(ctx, a):
+    return ctx.alg.add(a[0], ctx.const(ctx.params["scalar"]))
+
+
+def _plus_eps(ctx, ms):
+    """mean(x²) + eps where the op has an `eps` param (the rms of rms_norm with an epsilon)."""
+    eps = ctx.params.get("eps")
+    return ms if not eps else ctx.alg.add(ms, ctx.const(eps, ACC_DTYPE))
+
+
 def _bin(name):
     def apply(ctx, a):
         return getattr(ctx.alg, name)(a[0], a[1])
@@ -243,7 +255,7 @@ def _rms_norm(ctx, a):
     alg, shape = ctx.alg, ctx.arg_shapes[0]
     x = _to_acc(ctx, a[0])
     ss = _sum_keep(ctx, alg.mul(x, x), (len(shape) - 1,), shape)
-    rms = alg.unary("sqrt", alg.div(ss, ctx.const(shape[-1], ACC_DTYPE)))
+    rms = alg.unary("sqrt", _plus_eps(ctx, alg.div(ss, ctx.const(shape[-1], ACC_DTYPE))))
     return _from_acc(ctx, alg.div(x, rms))
 
 
@@ -307,7 +319,7 @@ def mean(ctx, s, n):
 
 
 def rms(ctx, s, n):
-    return ctx.alg.unary("sqrt", mean(ctx, s, n))
+    return ctx.alg.unary("sqrt", _plus_eps(ctx, mean(ctx, s, n)))
 
 
 def _accum_todimx(ctx, a):
@@ -357,6 +369,7 @@ _TABLE = [
     OpDef("silu", 1, _KB, "elementwise", _same, _silu, "x·logistic(x)"),
     OpDef("gelu", 1, _KB, "elementwise", _same, _gelu, "0.5x·(1 − erf(−x/√2)) (erf form)"),
     OpDef("mul_scalar", 1, _KB, "elementwise", _same, _mul_scalar, "x·scalar", ("scalar",)),
+    OpDef("add_scalar", 1, _KB, "elementwise", _same, _add_scalar, "x + scalar", ("scalar",)),
     OpDef("add", 2, _KB, "elementwise", _binary, _bin("add"), "a + b (size-1 broadcasting)"),
     OpDef("sub", 2, _KB, "elementwise", _binary, _bin("sub"), "a − b (size-1 broadcasting)"),
     OpDef("mul", 2, _KB, "elementwise", _binary, _bin("mul"), "a · b (size-1 broadcasting)"),
@@ -382,7 +395,7 @@ _TABLE = [
         "max over dim, kept as 1; only as a softmax shift",
         ("dim",),
     ),
-    OpDef("rms_norm", 1, _KB, "norm", _same, _rms_norm, "x / sqrt(mean(x², last dim)), no eps"),
+    OpDef("rms_norm", 1, _KB, "norm", _same, _rms_norm, "x / sqrt(mean(x², last) + eps?)"),
     OpDef("concat", None, _KB, "concat", _concat_shape, _concat, "concatenate along dim", ("dim",)),
     OpDef(
         "concat_matmul",
@@ -420,7 +433,7 @@ _TABLE = [
         "accum",
         _last_to(lambda n, p: 1),
         _accum(True, rms, square=True),
-        "sqrt(mean(x²)) over iterations and the last dim (RED_LD_RMS), no eps",
+        "sqrt(mean(x²) + eps) over iterations and the last dim (RED_LD_RMS); eps optional",
     ),
     OpDef(
         "accum_sum_todimx",
