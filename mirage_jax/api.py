@@ -132,6 +132,7 @@ class _Options:
     workers: int
     options: Mapping[str, Any] = field(default_factory=dict)
     lower_config: Any = None
+    progress: bool | None = None  # tqdm's disable: None = only on a terminal
 
 
 # ---------------------------------------------------------------------- the decorator
@@ -159,6 +160,7 @@ class MirageJit:
         workers: int = 1,
         options: Mapping[str, Any] | None = None,
         lower_config: Any = None,
+        progress: bool | None = None,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -167,7 +169,7 @@ class MirageJit:
         self.fn = fn
         self.opts = _Options(
             backend, search, float(budget_s), int(seed), int(workers), dict(options or {}),
-            lower_config,
+            lower_config, progress,
         )  # fmt: skip
         self.cache = _open_cache(cache)
         self.stats = JitStats()
@@ -217,6 +219,7 @@ class MirageJit:
             workers=self.opts.workers,
             options=self.opts.options,
             lower_config=self.opts.lower_config,
+            progress=self.opts.progress,
         )
         kw.update(changes)
         return MirageJit(self.fn, **kw)
@@ -260,7 +263,9 @@ class MirageJit:
         pending = [r for r in part.regions if not r.is_trivial]
         for region in part.regions:
             if region.is_trivial:
-                decisions.append(_xla(region, "only shape/dtype plumbing: nothing to fuse"))
+                decisions.append(
+                    _xla(region, "trivial region (only shape/dtype plumbing): nothing to fuse")
+                )
             elif self.opts.search == "off":
                 decisions.append(_xla(region, "search='off'"))
             elif backend is None:
@@ -268,9 +273,27 @@ class MirageJit:
         if self.opts.search == "off" or backend is None or not pending:
             self.stats.xla_regions += len(decisions)
             return tuple(decisions), replacements
-        searcher = Resolver(self, backend)
+        resolver = Resolver(self, backend)
+        found = {r.index: resolver.lookup(r) for r in pending}
+        misses = [r for r in pending if found[r.index] is None]
+        if misses and self.opts.search == "auto":
+            from tqdm.auto import tqdm
+
+            bar = tqdm(
+                misses,
+                desc="mirage_jax search",
+                unit="region",
+                disable=_tqdm_disable(self.opts.progress),
+            )
+            for region in bar:
+                found[region.index] = resolver.search(region)
         for region in pending:
-            decision = searcher.resolve(region)
+            decision = found[region.index] or _xla(
+                region,
+                "not in the cache (search='cached')"
+                if self.opts.search == "cached"
+                else "no search result",
+            )
             if decision.status == "kernel":
                 impl = _kernel(decision, region, backend, self.opts.lower_config)
                 if isinstance(impl, str):
@@ -299,25 +322,33 @@ class Resolver:
             opts["lower_config"] = repr(self.owner.opts.lower_config)
         return opts
 
-    def resolve(self, region: Any) -> RegionDecision:
-        owner, stats = self.owner, self.owner.stats
-        rhash = region.program.canonical_hash
-        key = make_key(rhash, self.device, self.backend, self.version, self.key_options())
+    def key(self, region: Any) -> str:
+        return make_key(
+            region.program.canonical_hash,
+            self.device,
+            self.backend,
+            self.version,
+            self.key_options(),
+        )
+
+    def lookup(self, region: Any) -> RegionDecision | None:
+        """The memo, then the cache; None on a miss."""
+        owner = self.owner
+        key = self.key(region)
         if key in owner._memo:
-            stats.memo_hits += 1
-            d = owner._memo[key]
-            return _replace(d, index=region.index, source="memo")
+            owner.stats.memo_hits += 1
+            return _replace(owner._memo[key], index=region.index, source="memo")
         decision = self._from_cache(region, key)
-        if decision is None and owner.opts.search == "auto":
-            decision = self._search(region, key)
-        if decision is None:
-            why = (
-                "not in the cache (search='cached')"
-                if owner.opts.search == "cached"
-                else "no search result"
-            )
-            return _xla(region, why)
-        owner._memo[key] = decision
+        if decision is not None:
+            owner._memo[key] = decision
+        return decision
+
+    def search(self, region: Any) -> RegionDecision | None:
+        """Search the region, store the result; None if the search cannot run."""
+        key = self.key(region)
+        decision = self._search(region, key)
+        if decision is not None:
+            self.owner._memo[key] = decision
         return decision
 
     def _from_cache(self, region: Any, key: str) -> RegionDecision | None:
@@ -466,6 +497,10 @@ def _xla(
         timings=entry.timings if entry is not None else None,
         cache_key=entry.key if entry is not None else "",
     )
+
+
+def _tqdm_disable(progress: bool | None) -> bool | None:
+    return None if progress is None else not progress
 
 
 def _open_cache(cache: Cache | str | bool | None) -> Cache | None:
@@ -619,6 +654,7 @@ def jit(
     workers: int = 1,
     options: Mapping[str, Any] | None = None,
     lower_config: Any = None,
+    progress: bool | None = None,
 ) -> Any:
     """Compile `fn` like `jax.jit`, replacing its Lax regions with verified fused kernels.
 
@@ -635,6 +671,7 @@ def jit(
         workers: search worker processes.
         options: extra options that change the result (part of the cache key).
         lower_config: a lowering config passed to `mirage_jax.lower.lower`.
+        progress: show a progress bar while searching (None: only on a terminal).
     """
     kwargs = dict(
         static_argnums=static_argnums,
@@ -649,6 +686,7 @@ def jit(
         workers=workers,
         options=options,
         lower_config=lower_config,
+        progress=progress,
     )
     if fn is None:
         return functools.partial(jit, **kwargs)
@@ -667,6 +705,7 @@ def superoptimize(
     workers: int = 1,
     search: str = "auto",
     static_argnums: int | Sequence[int] | None = None,
+    progress: bool | None = None,
     **kwargs: Any,
 ) -> TraceRecord:
     """Search (and cache) kernels for `fn` at the given arguments; returns the trace record.
@@ -684,6 +723,7 @@ def superoptimize(
             cache=cache,
             seed=seed,
             workers=workers,
+            progress=progress,
         )
     f.trace(*args, **kwargs)
     assert f.last is not None
