@@ -1,0 +1,450 @@
+"""Pallas backend: one graph-defined kernel becomes one `pl.pallas_call` (Triton lowering).
+
+The grid is the block graph's grid; each argument's BlockSpec covers what one block reads over
+all iterations (its tile, times F along the for-loop dim), and the for-loop is an in-kernel
+`fori_loop` that slices the loop dim with `pl.ds`, carrying fp32 accumulator states. Dims whose
+tile is not a power of two (or too small for tl.dot) take the whole dim as the block and are
+read and written with masked `plt.load`/`plt.store` of the padded tile. Loop-invariant inputs
+and ops are computed once before the loop; ops after the accumulators (the epilogue) run once
+in registers before the masked stores. Runs on the CPU with `interpret=True`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from mirage_jax.lower import registry
+from mirage_jax.lower.kernel_graph import erf, sigmoid
+from mirage_jax.lower.plan import MIN_DOT, KernelPlan, next_pow2
+from mirage_jax.lower.registry import AccumRule, LoweringError
+from mirage_jax.mugraph.ops import OPS
+
+F32 = jnp.float32
+BACKEND = "pallas"
+
+
+@dataclass(frozen=True)
+class PallasConfig:
+    """Knobs of the Pallas (Triton) lowering.
+
+    The µGraph fixes every tile (grid and forloop_range determine them), so the tile freedom
+    left is how small dots are padded.
+
+    Arguments:
+        num_warps: warps per block (Triton's `num_warps`).
+        num_stages: software-pipelining depth of the for-loop's loads (`num_stages`).
+        loop_unroll: unroll factor of the in-kernel for-loop (1: no unrolling).
+        min_dot: smallest M/N/K handed to tl.dot (a power of two >= 16).
+    """
+
+    num_warps: int = 4
+    num_stages: int = 3
+    loop_unroll: int = 1
+    min_dot: int = MIN_DOT
+
+    def __post_init__(self):
+        if self.min_dot < MIN_DOT or self.min_dot != next_pow2(self.min_dot):
+            raise ValueError(f"min_dot must be a power of two >= {MIN_DOT}, got {self.min_dot}")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"num_warps must be a power of two <= 32, got {self.num_warps}")
+        if self.num_stages < 1 or self.loop_unroll < 1:
+            raise ValueError("num_stages and loop_unroll must be >= 1")
+
+
+def default_config() -> PallasConfig:
+    return PallasConfig()
+
+
+# ---------------------------------------------------------------------------- op context
+@dataclass(frozen=True)
+class OpCtx:
+    """What a block-op rule sees: the plan, its tensor id, args, params and the masks."""
+
+    plan: KernelPlan
+    t: int
+    args: tuple[int, ...]
+    params: dict
+    config: PallasConfig
+
+    @property
+    def dtype(self) -> Any:
+        return jnp.dtype(self.plan.dtype(self.t))
+
+    @property
+    def pad(self) -> tuple[int, ...]:
+        return self.plan.pads[self.t]
+
+    def arg_tile(self, i: int) -> tuple[int, ...]:
+        return self.plan.tile(self.args[i])
+
+    def masked(self, x: jax.Array, i: int, dims: tuple[int, ...], fill: float) -> jax.Array:
+        """`x` (the value of arg i) with its padded lanes along `dims` set to `fill`."""
+        a = self.args[i]
+        keep = None
+        for d in dims:
+            d %= len(x.shape)
+            if self.plan.masked(a, d):
+                m = jax.lax.broadcasted_iota(jnp.int32, x.shape, d) < self.plan.tile(a)[d]
+                keep = m if keep is None else keep & m
+        return x if keep is None else jnp.where(keep, x, jnp.asarray(fill, x.dtype))
+
+
+def _f32(x: jax.Array) -> jax.Array:
+    return x.astype(F32)
+
+
+# ---------------------------------------------------------------------------- block-op rules
+def _unary(fn: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
+    return lambda ctx, x: fn(_f32(x))
+
+
+def _binary(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Callable[..., jax.Array]:
+    return lambda ctx, a, b: fn(_f32(a), _f32(b))
+
+
+for _name, _fn in {
+    "exp": jnp.exp,
+    "square": lambda x: x * x,
+    "sqrt": jnp.sqrt,
+    "sigmoid": sigmoid,
+    "silu": lambda x: x * sigmoid(x),
+    "gelu": lambda x: 0.5 * x * (1.0 - erf(-x * np.float32(1.0 / math.sqrt(2.0)))),
+}.items():
+    registry.add(BACKEND, _name, _unary(_fn))
+for _name, _fn in {
+    "add": jnp.add,
+    "sub": jnp.subtract,
+    "mul": jnp.multiply,
+    "div": jnp.divide,
+}.items():
+    registry.add(BACKEND, _name, _binary(_fn))
+
+
+@registry.register(BACKEND, "mul_scalar")
+def _mul_scalar(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    return _f32(x) * np.float32(ctx.params["scalar"])
+
+
+def _dot(ctx: OpCtx, a: jax.Array, b: jax.Array, ia: int, ib: int, path: str) -> jax.Array:
+    """One 2-D block matmul of args ia, ib (batch tiles are 1), fp32 out, padded shape."""
+    a = ctx.masked(a, ia, (-1,), 0)
+    b = ctx.masked(b, ib, (-2,), 0)
+    a2 = a.reshape(a.shape[-2:])
+    b2 = b.reshape(b.shape[-2:])
+    if path == "outer":
+        out = _f32(a2) * _f32(b2)
+    elif path == "fma":
+        out = jnp.sum(_f32(a2)[:, :, None] * _f32(b2)[None, :, :], axis=1)
+    else:
+        dt = ctx.dtype
+        prec = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
+        out = jnp.dot(a2.astype(dt), b2.astype(dt), preferred_element_type=F32, precision=prec)
+    return out.reshape((*(1,) * (len(ctx.pad) - 2), *out.shape))
+
+
+@registry.register(BACKEND, "matmul")
+def _matmul(ctx: OpCtx, a: jax.Array, b: jax.Array) -> jax.Array:
+    (mp,) = ctx.plan.matmuls[ctx.t]
+    return _dot(ctx, a, b, 0, 1, mp.path)
+
+
+@registry.register(BACKEND, "concat_matmul")
+def _concat_matmul(ctx: OpCtx, a, b, c, d) -> jax.Array:
+    p1, p2 = ctx.plan.matmuls[ctx.t]
+    return _dot(ctx, a, c, 0, 2, p1.path) + _dot(ctx, b, d, 1, 3, p2.path)
+
+
+@registry.register(BACKEND, "reduce_sum")
+def _reduce_sum(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    d = ctx.params["dim"] % x.ndim
+    return jnp.sum(ctx.masked(_f32(x), 0, (d,), 0), axis=d, keepdims=True)
+
+
+@registry.register(BACKEND, "reduce_max")
+def _reduce_max(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    d = ctx.params["dim"] % x.ndim
+    return jnp.max(ctx.masked(_f32(x), 0, (d,), -jnp.inf), axis=d, keepdims=True)
+
+
+@registry.register(BACKEND, "rms_norm")
+def _rms_norm(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    x = _f32(x)
+    ss = jnp.sum(ctx.masked(x * x, 0, (-1,), 0), axis=-1, keepdims=True)
+    return x / jnp.sqrt(ss / np.float32(ctx.arg_tile(0)[-1]))
+
+
+@registry.register(BACKEND, "concat")
+def _concat(ctx: OpCtx, a: jax.Array, b: jax.Array) -> jax.Array:
+    # Triton cannot concatenate register tiles; stack on a new last axis (tl.join), move it in
+    # front of the concat dim and merge: out[.., s·n + j, ..] = (a, b)[s][.., j, ..].
+    d = ctx.params["dim"] % a.ndim
+    s = jnp.stack([_f32(a), _f32(b)], axis=-1)
+    perm = (*range(d), a.ndim, *range(d, a.ndim))
+    s = jnp.transpose(s, perm)
+    return s.reshape(ctx.pad)
+
+
+# ---------------------------------------------------------------------------- accumulators
+def _zeros(ctx: OpCtx) -> jax.Array:
+    return jnp.zeros(ctx.pad, F32)
+
+
+def _sum_last(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    return jnp.sum(ctx.masked(_f32(x), 0, (-1,), 0), axis=-1, keepdims=True)
+
+
+def _count(ctx: OpCtx) -> np.float32:
+    return np.float32(ctx.plan.forloop_range * ctx.arg_tile(0)[-1])
+
+
+def _todimx(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    dimx = ctx.params["dimx"]
+    x = _f32(x)
+    return jnp.sum(x.reshape((*x.shape[:-1], x.shape[-1] // dimx, dimx)), axis=-2)
+
+
+registry.add(BACKEND, "accum_sum", AccumRule(_zeros, lambda c, s, x: s + _f32(x), lambda c, s: s))
+registry.add(
+    BACKEND,
+    "accum_sum_last",
+    AccumRule(_zeros, lambda c, s, x: s + _sum_last(c, x), lambda c, s: s),
+)
+registry.add(
+    BACKEND,
+    "accum_mean_last",
+    AccumRule(_zeros, lambda c, s, x: s + _sum_last(c, x), lambda c, s: s / _count(c)),
+)
+registry.add(
+    BACKEND,
+    "accum_rms_last",
+    AccumRule(
+        _zeros,
+        lambda c, s, x: s + _sum_last(c, _f32(x) * _f32(x)),
+        lambda c, s: jnp.sqrt(s / _count(c)),
+    ),
+)
+registry.add(
+    BACKEND,
+    "accum_sum_todimx",
+    AccumRule(_zeros, lambda c, s, x: s + _todimx(c, x), lambda c, s: s),
+)
+registry.add(
+    BACKEND,
+    "accum_max",
+    AccumRule(
+        lambda c: jnp.full(c.pad, -jnp.inf, F32),
+        lambda c, s, x: jnp.maximum(s, _f32(x)),
+        lambda c, s: s,
+    ),
+)
+
+
+def _rescale_update(last: bool):
+    # Online softmax: s ← s·exp(M_old − M_new) + Σ x·exp(m − M_new), M the running max.
+    def update(ctx: OpCtx, s, x, m, shift_old, shift_new):
+        y = _f32(x) * jnp.exp(_f32(m) - shift_new)
+        if last:
+            y = jnp.sum(ctx.masked(y, 0, (-1,), 0), axis=-1, keepdims=True)
+        return s * jnp.exp(shift_old - shift_new) + y
+
+    return update
+
+
+registry.add(
+    BACKEND, "accum_rescale_sum", AccumRule(_zeros, _rescale_update(False), lambda c, s: s)
+)
+registry.add(
+    BACKEND, "accum_rescale_sum_last", AccumRule(_zeros, _rescale_update(True), lambda c, s: s)
+)
+
+
+# ---------------------------------------------------------------------------- the kernel
+def _index(dims, pids, it) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+    """Ref indexer of one tile (and the dims that need masks) at iteration `it`."""
+    idx: list[Any] = []
+    masked = []
+    for d, dim in enumerate(dims):
+        if dim.masked:
+            start = pids[dim.axis] * dim.extent if dim.axis is not None else 0
+            if dim.loop:
+                start = start + it * dim.tile
+            idx.append(pl.ds(start, dim.pad))
+            masked.append(d)
+        elif dim.loop:
+            idx.append(pl.ds(it * dim.tile, dim.tile))
+        else:
+            idx.append(slice(None))
+    return tuple(idx), tuple(masked)
+
+
+def _mask(dims, masked) -> jax.Array | None:
+    shape = tuple(d.pad for d in dims)
+    keep = None
+    for d in masked:
+        m = jax.lax.broadcasted_iota(jnp.int32, shape, d) < dims[d].tile
+        keep = m if keep is None else keep & m
+    return keep
+
+
+def _kernel(*refs: Any, plan: KernelPlan, config: PallasConfig) -> None:
+    n_in = plan.n_in
+    in_refs, out_refs = refs[:n_in], refs[n_in:]
+    pids = [pl.program_id(a) for a in range(len(plan.grid))]
+    bg = plan.bg
+
+    def load(k: int, it) -> jax.Array:
+        dims = plan.inputs[k]
+        idx, masked = _index(dims, pids, it)
+        if masked:
+            return plt.load(in_refs[k].at[idx], mask=_mask(dims, masked), other=0)
+        return in_refs[k][idx]
+
+    def ctx_of(t: int) -> OpCtx:
+        op = plan.op(t)
+        return OpCtx(plan, t, op.args, dict(op.params), config)
+
+    def compute(t: int, env: dict) -> None:
+        op = plan.op(t)
+        val = registry.rule(BACKEND, op.op)(ctx_of(t), *[env[a] for a in op.args])
+        if tuple(val.shape) != plan.pads[t]:
+            raise LoweringError(
+                f"internal: block op {t - n_in} ({op.op}) produced {val.shape}, planned {plan.pads[t]}"
+            )
+        env[t] = val
+
+    env: dict[int, jax.Array] = {}
+    for k in range(n_in):
+        if plan.phases[k] == "pre":
+            env[k] = load(k, 0)
+    op_ids = range(n_in, n_in + len(bg.ops))
+    for t in op_ids:
+        if plan.phases[t] == "pre" and t not in plan.accumulators:
+            compute(t, env)
+    accs = plan.accumulators
+    # accum_max first: the rescaled sums read its old and new running max.
+    acc_order = sorted(accs, key=lambda t: plan.op(t).op != "accum_max")
+    init = tuple(registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t)) for t in accs)
+
+    def body(it, states):
+        loop_env = dict(env)
+        for k in range(n_in):
+            if plan.phases[k] == "loop":
+                loop_env[k] = load(k, it)
+        for t in op_ids:
+            if plan.phases[t] == "loop":
+                compute(t, loop_env)
+        old = dict(zip(accs, states))
+        new: dict[int, Any] = {}
+        for t in acc_order:
+            op = plan.op(t)
+            rule = registry.rule(BACKEND, op.op)
+            args = [loop_env[a] for a in op.args]
+            if t in plan.shifts:
+                big = plan.shifts[t]
+                args = [args[0], args[1], old[big], new[big]]
+            new[t] = rule.update(ctx_of(t), old[t], *args)
+        return tuple(new[t] for t in accs)
+
+    if plan.forloop_range == 1:
+        states = body(0, init)
+    else:
+        states = jax.lax.fori_loop(
+            0, plan.forloop_range, body, init, unroll=min(config.loop_unroll, plan.forloop_range)
+        )
+    post = dict(env)
+    for t, s in zip(accs, states):
+        post[t] = registry.rule(BACKEND, plan.op(t).op).finalise(ctx_of(t), s)
+    for t in op_ids:
+        if plan.phases[t] == "post" and t not in accs:
+            compute(t, post)
+    for j, o in enumerate(bg.outputs):
+        dims = plan.outputs[j]
+        val = post[o.arg].astype(out_refs[j].dtype)
+        idx, masked = _index(dims, pids, 0)
+        if masked:
+            plt.store(out_refs[j].at[idx], val, mask=_mask(dims, masked))
+        else:
+            out_refs[j][idx] = val
+
+
+def _block_spec(dims, n_axes: int) -> pl.BlockSpec:
+    shape = tuple(d.size if d.masked else d.extent for d in dims)
+    axes = tuple(None if d.masked else d.axis for d in dims)
+
+    def index_map(*pids):
+        return tuple(pids[a] if a is not None else 0 for a in axes)
+
+    return pl.BlockSpec(shape, index_map)
+
+
+def check_rules(plan: KernelPlan, where: str) -> None:
+    """LoweringError naming the first block op with no pallas rule."""
+    for k, op in enumerate(plan.bg.ops):
+        rule = registry.rule(BACKEND, op.op, f"{where}: block op {k}")
+        if (OPS[op.op].kind == "accum") != isinstance(rule, AccumRule):
+            raise LoweringError(f"{where}: block op {k} ({op.op}): rule and op kind disagree")
+
+
+def build_kernel(
+    plan: KernelPlan, config: PallasConfig, *, interpret: bool, where: str
+) -> Callable[..., list[jax.Array]]:
+    """The pallas_call for one planned graph-defined kernel (a function of its arguments)."""
+    if not isinstance(config, PallasConfig):
+        raise LoweringError(f"{where}: the pallas backend takes a PallasConfig, got {config!r}")
+    check_rules(plan, where)
+    if len(plan.grid) > 3:
+        raise LoweringError(f"{where}: grid {plan.grid} has more than 3 axes (Triton's limit)")
+    n_axes = len(plan.grid)
+    out_dtypes = [plan.dtype(o.arg) for o in plan.bg.outputs]
+    call = pl.pallas_call(
+        functools.partial(_kernel, plan=plan, config=config),
+        out_shape=[jax.ShapeDtypeStruct(s, dt) for s, dt in zip(plan.output_shapes, out_dtypes)],
+        grid=plan.grid,
+        in_specs=[_block_spec(dims, n_axes) for dims in plan.inputs],
+        out_specs=[_block_spec(dims, n_axes) for dims in plan.outputs],
+        compiler_params=plt.CompilerParams(
+            num_warps=config.num_warps, num_stages=config.num_stages
+        ),
+        interpret=interpret,
+        name=f"mugraph_kernel_{hashlib.sha1(repr(plan.bg).encode()).hexdigest()[:10]}",
+    )
+
+    def kernel(*xs: jax.Array) -> list[jax.Array]:
+        return list(call(*xs))
+
+    return kernel
+
+
+def export_for_gpu(fn: Callable[..., Any], *avals: Any, gpu: str = "H100") -> str:
+    """Lower `fn` for a CUDA GPU without one (jax.export); returns the StableHLO text.
+
+    Runs the Pallas→Triton lowering in Python (power-of-two shapes, primitive rules, dot
+    shapes), so CPU tests catch what would fail on the GPU before Triton compiles it. Uses a
+    private hook (`gpu_info.get_gpu_info`) to pretend a `gpu` is present during the call.
+    """
+    from jax import export
+    from jax._src.pallas.triton import gpu_info, pallas_call_registration
+
+    info = gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion[gpu])
+    saved = pallas_call_registration.gpu_info_lib.get_gpu_info
+    pallas_call_registration.gpu_info_lib.get_gpu_info = lambda: info
+    try:
+        exported = export.export(
+            jax.jit(fn),
+            platforms=["cuda"],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(plt.CUSTOM_CALL_TARGET_NAME)],
+        )(*avals)
+    finally:
+        pallas_call_registration.gpu_info_lib.get_gpu_info = saved
+    return exported.mlir_module()
