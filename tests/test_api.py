@@ -1,0 +1,374 @@
+"""mirage_jax.jit on the CPU: the XLA path and the kernel-replacement path, grad/vmap/jit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lax_ir
+import mirage_jax
+from experiments import benchmarks
+from mirage_jax import api
+from mirage_jax.cache import Cache, CacheWarning
+from mirage_jax.mugraph import MuGraphBuilder
+
+REPO = Path(__file__).resolve().parents[1]
+EPS = benchmarks.EPS
+TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 2e-4, "float64": 1e-9}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    api._WARNED.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mirage_jax.MirageWarning)
+        yield
+
+
+def assert_close(got, want):
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        tol = TOL[str(np.dtype(w.dtype))]
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        np.testing.assert_allclose(g64, w64, rtol=tol, atol=tol * (np.max(np.abs(w64)) + 1e-30))
+
+
+# ---------------------------------------------------------------------- hand-built µGraphs
+def _attention(b, q, k, v, scale=None, shift=False):
+    s = b.op("matmul", q, k)
+    if scale is not None:
+        s = b.op("mul_scalar", s, scalar=scale)
+    if shift:
+        s = b.op("sub", s, b.op("reduce_max", s, dim=2))
+    e = b.op("exp", s)
+    return b.op("matmul", b.op("div", e, b.op("reduce_sum", e, dim=2)), v)
+
+
+def _rms_over(b, x, dim, n, eps):
+    ss = b.op("reduce_sum", b.op("square", x), dim=dim)
+    ms = b.op("add_scalar", b.op("mul_scalar", ss, scalar=1.0 / n), scalar=eps)
+    return b.op("div", x, b.op("sqrt", ms))
+
+
+def _lora(b, x, w, a, c):
+    return b.op("add", b.op("matmul", x, w), b.op("matmul", b.op("matmul", x, a), c))
+
+
+def _gated(b, x, w1, w2):
+    return b.op("mul", b.op("silu", b.op("matmul", x, w1)), b.op("matmul", x, w2))
+
+
+def _ntrans(b, h, x, alpha, eps=None):
+    inner = b.op("add", b.op("rms_norm", h, eps=eps), x)
+    return b.op("rms_norm", b.op("add", x, b.op("mul", alpha, inner)), eps=eps)
+
+
+# Kernel-level µGraphs equal to each benchmark program (specs → output ref).
+MUGRAPHS = {
+    "rmsnorm": lambda b, x, w, s: b.op("matmul", b.op("rms_norm", x, eps=EPS), w),
+    "rmsnorm_mirage": lambda b, x, w, s: b.op("matmul", b.op("rms_norm", x), w),
+    "lora": lambda b, *xs, s: _lora(b, *xs),
+    "lora_mirage": lambda b, *xs, s: _lora(b, *xs),
+    "gated_mlp": lambda b, *xs, s: _gated(b, *xs),
+    "gated_mlp_mirage": lambda b, *xs, s: _gated(b, *xs),
+    "gqa": lambda b, q, k, v, s: _attention(b, q, k, v),
+    "gqa_mirage": lambda b, q, k, v, s: _attention(b, q, k, v),
+    "gqa_scaled": lambda b, q, k, v, s: _attention(b, q, k, v, 0.125),
+    "gqa_stable": lambda b, q, k, v, s: _attention(b, q, k, v, 0.125, shift=True),
+    "qknorm": lambda b, q, k, v, s: _attention(
+        b, b.op("rms_norm", q, eps=EPS), _rms_over(b, k, 1, s[1].shape[1], EPS), v, 0.125
+    ),
+    "qknorm_mirage": lambda b, q, k, v, s: _attention(
+        b, b.op("rms_norm", q), k, b.op("rms_norm", v)
+    ),
+    "ntrans": lambda b, h, x, a, s: _ntrans(b, h, x, a, EPS),
+    "ntrans_mirage": lambda b, h, x, a, s: _ntrans(b, h, x, a),
+}
+
+
+def bench_f32(name: str):
+    bench = benchmarks.get(name).small()
+    specs = [jax.ShapeDtypeStruct(s.shape, jnp.float32) for s in bench.inputs]
+    xs = [jnp.asarray(a) for a in bench.make_inputs(seed=0, dtype=np.float32)]
+    return bench, specs, xs
+
+
+def inject(cache: Cache, region_program, build, specs) -> None:
+    """Verify a hand-built µGraph against the region and store it for this device."""
+    b = MuGraphBuilder()
+    ins = [b.input(s.shape, str(np.dtype(s.dtype))) for s in specs]
+    out = build(b, *ins, s=specs)
+    graph = b.build(list(out) if isinstance(out, list) else [out])
+    cache.store(region_program, graph, device_kind=api.device_kind(), backend="reference")
+
+
+def only_region(fn, *specs):
+    part = lax_ir.partition(lax_ir.capture(fn, *specs))
+    (region,) = [r for r in part.regions if not r.is_trivial]
+    return region
+
+
+# ---------------------------------------------------------------------- benchmarks
+@pytest.mark.parametrize("name", benchmarks.names())
+def test_benchmark_xla_path_matches_jax_jit(name, tmp_path):
+    bench = benchmarks.get(name).small()
+    xs = [jnp.asarray(a) for a in bench.make_inputs(seed=1)]
+    f = mirage_jax.jit(bench.fn, cache=tmp_path / "c.sqlite")
+    assert_close(f(*xs), jax.jit(bench.fn)(*xs))
+    assert f.stats.captures == 1 and f.stats.kernels == 0
+
+
+@pytest.mark.parametrize("name", benchmarks.names())
+def test_benchmark_kernel_path_matches_jax_jit_under_grad_vmap_jit(name, tmp_path):
+    bench, specs, xs = bench_f32(name)
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, MUGRAPHS[name], specs)
+    f = mirage_jax.jit(bench.fn, backend="reference", search="cached", cache=cache)
+    ref = jax.jit(bench.fn)
+    assert_close(f(*xs), ref(*xs))
+    assert (f.stats.kernels, f.stats.cache_hits) == (1, 1)
+    ct = jnp.asarray(np.random.default_rng(0).standard_normal(ref(*xs).shape), jnp.float32)
+    argnums = tuple(range(len(xs)))
+    grad = lambda g: jax.grad(lambda *a: jnp.sum(g(*a) * ct), argnums=argnums)  # noqa: E731
+    assert_close(grad(f)(*xs), grad(ref)(*xs))
+    batched = jnp.stack([xs[0], 0.5 * xs[0], -xs[0]])
+    in_axes = (0,) + (None,) * (len(xs) - 1)
+    assert_close(jax.vmap(f, in_axes)(batched, *xs[1:]), jax.vmap(ref, in_axes)(batched, *xs[1:]))
+    outer = jax.jit(lambda *a: 2.0 * f(*a))
+    assert_close(outer(*xs), 2.0 * ref(*xs))
+    assert f.stats.captures == 1  # grad, vmap and the outer jit reused the one trace
+
+
+# ---------------------------------------------------------------------- a model-shaped block
+def transformer_block(params, x, pad):
+    """rms_norm, causal attention (jnp.where mask), residuals, a lax.scan, a gated MLP."""
+    t, d = x.shape
+    h = benchmarks.rms_norm(x) * params["g1"]
+    q, k, v = h @ params["wq"], h @ params["wk"], h @ params["wv"]
+    s = (q @ k.T) * (1.0 / np.sqrt(d))
+    s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -1e9)
+    x = x + (jax.nn.softmax(s, axis=-1) @ v) @ params["wo"]
+
+    def mix(carry, xt):
+        carry = 0.75 * carry + 0.25 * xt
+        return carry, carry
+
+    _, ema = jax.lax.scan(mix, jnp.zeros((d,), x.dtype), x)
+    m = benchmarks.rms_norm(ema)
+    y = (jax.nn.silu(m @ params["w1"]) * (m @ params["w2"])) @ params["w3"]
+    y = jnp.where(pad[:, None], 0.0, y)
+    return x + y
+
+
+def block_inputs(t=8, d=32, f=64, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = {"g1": (d,), "w1": (d, f), "w2": (d, f), "w3": (f, d)}
+    shapes |= {n: (d, d) for n in ("wk", "wo", "wq", "wv")}
+    params = {n: jnp.asarray(rng.standard_normal(s) / np.sqrt(s[0]), jnp.float32)
+              for n, s in shapes.items()}  # fmt: skip
+    x = jnp.asarray(rng.standard_normal((t, d)), jnp.float32)
+    pad = jnp.asarray(np.arange(t) >= t - 2)
+    return params, x, pad
+
+
+def mlp_mugraph(b, w1, w2, w3, ema, s):
+    m = b.op("rms_norm", ema, eps=EPS)
+    return b.op(
+        "matmul", b.op("mul", b.op("silu", b.op("matmul", m, w1)), b.op("matmul", m, w2)), w3
+    )
+
+
+def test_transformer_block_matches_jax_jit(tmp_path):
+    params, x, pad = block_inputs()
+    cache = Cache(tmp_path / "c.sqlite")
+    specs = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x, pad)
+    )
+    part = lax_ir.partition(lax_ir.capture(transformer_block, *specs))
+    reasons = part.explain()
+    assert "scan" in reasons and "select_n" in reasons
+    (mlp,) = [r for r in part.regions if "logistic" in r.program.op_counts()]
+    mlp_specs = [jax.ShapeDtypeStruct(s, d) for s, d in mlp.program.input_avals]
+    inject(cache, mlp.program, mlp_mugraph, mlp_specs)
+
+    for backend in ("auto", "reference"):
+        f = mirage_jax.jit(transformer_block, backend=backend, search="cached", cache=cache)
+        check_block(f, params, x, pad)
+        assert f.stats.kernels == (backend == "reference")
+        assert f.stats.captures == 1
+
+
+def check_block(f, params, x, pad):
+    ref = jax.jit(transformer_block)
+    assert_close(f(params, x, pad), ref(params, x, pad))
+    loss = lambda g: lambda p, x: jnp.sum(g(p, x, pad) ** 2)  # noqa: E731
+    assert_close(jax.grad(loss(f), argnums=(0, 1))(params, x),
+                 jax.grad(loss(ref), argnums=(0, 1))(params, x))  # fmt: skip
+    xb = jnp.stack([x, x[::-1], 2 * x])
+    vm = lambda g: jax.vmap(g, (None, 0, None))(params, xb, pad)  # noqa: E731
+    assert_close(vm(f), vm(ref))
+    assert_close(jax.jit(lambda p, x: f(p, x, pad) - x)(params, x), ref(params, x, pad) - x)
+
+
+# ---------------------------------------------------------------------- calling conventions
+def test_decorator_forms_pytrees_and_static_args(tmp_path):
+    @mirage_jax.jit
+    def plain(x):
+        return x * 2.0
+
+    @mirage_jax.jit(static_argnums=1, static_argnames="mode", cache=False)
+    def tree(inputs, n, *, mode="sum"):
+        y = inputs["a"] @ inputs["b"] * n
+        return {"y": y, "s": (jnp.sum(y) if mode == "sum" else jnp.max(y), n)}
+
+    assert isinstance(plain, mirage_jax.MirageJit) and plain.__name__ == "plain"
+    np.testing.assert_allclose(plain(jnp.ones(3)), 2.0)
+    inputs = {"a": jnp.ones((2, 4)), "b": jnp.ones((4, 3))}
+    out = tree(inputs, 3, mode="max")
+    assert out["s"][1] == 3 and float(out["s"][0]) == 12.0
+    assert_close(out["y"], jnp.full((2, 3), 12.0))
+    tree(inputs, 3, mode="max")
+    assert tree.stats.captures == 1
+    tree(inputs, 2, mode="max")
+    tree(inputs, 2, mode="sum")
+    assert tree.stats.captures == 3  # each static value is its own signature
+
+
+def test_weak_typed_scalars_keep_jax_promotion(tmp_path):
+    f = mirage_jax.jit(lambda x, s: x * s, cache=False)
+    x = jnp.ones((4,), jnp.float16)
+    assert f(x, 2.0).dtype == jax.jit(lambda x, s: x * s)(x, 2.0).dtype == jnp.float16
+
+
+def test_donation_passes_through():
+    f = mirage_jax.jit(lambda x, y: x + y, donate_argnums=0, cache=False)
+    text = f.lower(jnp.ones(8), jnp.ones(8)).as_text()
+    assert "buffer_donor" in text or "tf.aliasing_output" in text
+
+
+def test_second_call_reuses_the_trace_and_a_new_shape_resolves_again(tmp_path):
+    bench, specs, xs = bench_f32("rmsnorm")
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, MUGRAPHS["rmsnorm"], specs)
+    f = mirage_jax.jit(bench.fn, backend="reference", search="auto", cache=cache)
+    f(*xs)
+    f(*xs)
+    assert (f.stats.captures, f.stats.cache_hits, f.stats.searches) == (1, 1, 0)
+    f(xs[0][:1], xs[1])  # a new shape: captured and resolved again (a cache miss here)
+    assert f.stats.captures == 2 and f.stats.cache_misses == 1
+
+
+def test_no_gpu_warns_once_and_runs_xla(tmp_path):
+    if api.has_gpu():
+        pytest.skip("this machine has a GPU")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f = mirage_jax.jit(lambda x, w: jnp.exp(x @ w), cache=tmp_path / "c.sqlite")
+        g = mirage_jax.jit(lambda x: jnp.exp(x) / 3.0, cache=tmp_path / "c.sqlite")
+        f(jnp.ones((2, 2)), jnp.ones((2, 2)))
+        g(jnp.ones(3))
+    msgs = [str(w.message) for w in caught if issubclass(w.category, mirage_jax.MirageWarning)]
+    assert len(msgs) == 1 and msgs[0].startswith("no GPU: mirage_jax.jit runs the XLA path")
+    assert f.last.decisions[0].status == "xla" and "no GPU" in f.last.decisions[0].reason
+
+
+def test_kernel_outputs_are_reordered_by_the_verdict_matching(tmp_path):
+    def two(x, w):
+        y = x @ w
+        return y * 2.0, y + x
+
+    specs = [jax.ShapeDtypeStruct((4, 4), jnp.float32)] * 2
+    region = only_region(two, *specs)
+
+    def swapped(b, x, w, s):  # outputs in the other order
+        y = b.op("matmul", x, w)
+        return [b.op("add", y, x), b.op("mul_scalar", y, scalar=2.0)]
+
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, region.program, swapped, specs)
+    f = mirage_jax.jit(two, backend="reference", search="cached", cache=cache)
+    x, w = jnp.arange(16.0).reshape(4, 4) / 10, jnp.eye(4) + 0.5
+    assert_close(f(x, w), jax.jit(two)(x, w))
+    assert f.stats.kernels == 1
+
+
+# ---------------------------------------------------------------------- the cache in the loop
+def test_cache_written_by_another_process_is_used(tmp_path, monkeypatch):
+    path = tmp_path / "shared.sqlite"
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp
+        from tests.test_api import MUGRAPHS, bench_f32, inject, only_region
+        from mirage_jax.cache import Cache
+        bench, specs, xs = bench_f32("gated_mlp")
+        inject(Cache(), only_region(bench.fn, *specs).program, MUGRAPHS["gated_mlp"], specs)
+        """
+    )
+    env = dict(os.environ, MIRAGE_JAX_CACHE=str(path), JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True, timeout=300)
+    monkeypatch.setenv("MIRAGE_JAX_CACHE", str(path))
+    bench, specs, xs = bench_f32("gated_mlp")
+    f = mirage_jax.jit(bench.fn, backend="reference", search="cached")
+    assert f.cache.path == path
+    assert_close(f(*xs), jax.jit(bench.fn)(*xs))
+    assert (f.stats.cache_hits, f.stats.kernels) == (1, 1)
+
+
+def test_corrupt_cache_file_is_recovered_from(tmp_path):
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    bench, specs, xs = bench_f32("lora")
+    f = mirage_jax.jit(bench.fn, backend="reference", search="cached", cache=path)
+    with pytest.warns(CacheWarning, match="corrupt"):
+        out = f(*xs)
+    assert_close(out, jax.jit(bench.fn)(*xs))
+    inject(Cache(path), only_region(bench.fn, *specs).program, MUGRAPHS["lora"], specs)
+    g = mirage_jax.jit(bench.fn, backend="reference", search="cached", cache=path)
+    assert_close(g(*xs), jax.jit(bench.fn)(*xs))
+    assert g.stats.kernels == 1
+
+
+def test_tampered_entry_is_not_trusted_by_jit(tmp_path):
+    import sqlite3
+
+    from mirage_jax.mugraph import to_json
+
+    bench, specs, xs = bench_f32("gated_mlp")
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, MUGRAPHS["gated_mlp"], specs)
+    b = MuGraphBuilder()
+    x, w1, w2 = (b.input(s.shape, "float32") for s in specs)
+    wrong = b.build([b.op("mul", b.op("matmul", x, w1), b.op("matmul", x, w2))])
+    with sqlite3.connect(cache.path) as conn:
+        conn.execute("UPDATE entries SET mugraph_json=?", (to_json(wrong),))
+    f = mirage_jax.jit(bench.fn, backend="reference", search="cached", cache=cache)
+    with pytest.warns(CacheWarning, match="another µGraph"):
+        out = f(*xs)
+    assert_close(out, jax.jit(bench.fn)(*xs))
+    assert f.stats.kernels == 0 and cache.entries() == []
+
+
+# ---------------------------------------------------------------------- explain
+def test_explain_reports_regions_mugraphs_and_bounds(tmp_path):
+    bench, specs, xs = bench_f32("rmsnorm")
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, MUGRAPHS["rmsnorm"], specs)
+    f = mirage_jax.jit(bench.fn, backend="reference", cache=cache)
+    text = str(mirage_jax.explain(f, *specs))
+    assert "1 of 1 region(s) run as fused kernels" in text
+    assert "rms_norm" in text and "false-accept bound" in text
+    params, x, pad = block_inputs()
+    expl = mirage_jax.explain(transformer_block, params, x, pad, cache=cache)
+    text = str(expl)
+    assert "primitive `scan` is outside the Lax fragment" in text
+    assert "select_n" in text and expl.kernels() == []
+    assert "<pre>" in expl._repr_html_()
