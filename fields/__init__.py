@@ -9,6 +9,7 @@ from fields.numbers import FieldArray as FieldArray
 from fields.numbers import FieldSemanticsError as FieldSemanticsError
 from fields.numbers import VoidTrial as VoidTrial
 from fields.numbers import default_field as default_field
+from fields.numbers import find_field as find_field
 from fields.numbers import matmul_mod as matmul_mod
 from fields.numbers import to_residues as to_residues
 from fields.verify import Verdict as Verdict

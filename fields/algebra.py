@@ -43,6 +43,7 @@ from fields.numbers import (
     neg_mod,
     pow_mod,
     reduce_sum_mod,
+    split_first,
     sub_mod,
     to_residues,
 )
@@ -150,7 +151,11 @@ class FieldAlgebra:
     # ---- contractions
     def matmul(self, a: FieldArray, b: FieldArray, dtype: str) -> FieldArray:
         f = self.field
-        p = matmul_mod(a.p, b.p, f.p, a_float=a.p_float, b_float=b.p_float)
+        if split_first(a.shape, b.shape):  # the split operand in int64, the other in float64
+            pa, pb = a.p, b.p_float()
+        else:
+            pa, pb = a.p_float(), b.p
+        p = matmul_mod(pa, pb, f.p, a_bound=a.bound, b_bound=b.bound)
         return FieldArray(p, lazy(lambda x, y: matmul_mod(x, y, f.q), a, b), dtype)
 
     def reduce_sum(self, a: FieldArray, axes: tuple[int, ...]) -> FieldArray:
@@ -185,22 +190,29 @@ class FieldAlgebra:
         def fn(x: np.ndarray) -> np.ndarray:
             return np.broadcast_to(np.reshape(x, expanded), shape)
 
-        return FieldArray(fn(a.p), lazy(fn, a), a.dtype)
+        return FieldArray(a.map_p(fn), lazy(fn, a), a.dtype, a.bound)
 
     def reshape(self, a: FieldArray, shape: tuple[int, ...]) -> FieldArray:
         shape = tuple(shape)
-        return FieldArray(np.reshape(a.p, shape), lazy(lambda x: np.reshape(x, shape), a), a.dtype)
+
+        def fn(x: np.ndarray) -> np.ndarray:
+            return np.reshape(x, shape)
+
+        return FieldArray(a.map_p(fn), lazy(fn, a), a.dtype, a.bound)
 
     def transpose(self, a: FieldArray, permutation: tuple[int, ...]) -> FieldArray:
         perm = tuple(permutation)
-        return FieldArray(
-            np.transpose(a.p, perm), lazy(lambda x: np.transpose(x, perm), a), a.dtype
-        )
+
+        def fn(x: np.ndarray) -> np.ndarray:
+            return np.transpose(x, perm)
+
+        return FieldArray(a.map_p(fn), lazy(fn, a), a.dtype, a.bound)
 
     def concatenate(self, xs: Sequence[FieldArray], axis: int) -> FieldArray:
         p = np.concatenate([x.p for x in xs], axis=axis)
         q = lazy(lambda *qs: np.concatenate(qs, axis=axis), *xs)
-        return FieldArray(p, q, xs[0].dtype)
+        bounds = [x.bound for x in xs]
+        return FieldArray(p, q, xs[0].dtype, None if None in bounds else max(bounds))
 
     def convert(self, a: FieldArray, dtype: str) -> FieldArray:
         src, dst = _kind(a.dtype), _kind(dtype)
@@ -215,7 +227,7 @@ class FieldAlgebra:
         if src in "iu" and dst == "b":
             raise FieldSemanticsError(f"convert {a.dtype} -> bool has no field meaning")
         out = FieldArray.__new__(FieldArray)
-        out._p, out._pf, out._q, out.dtype = a._p, a._pf, a._q, dtype
+        out._p, out._pf, out._q, out.dtype, out.bound = a._p, a._pf, a._q, dtype, a.bound
         return out
 
     def opaque(self, node: Any, args: Sequence[Any]) -> Any:

@@ -57,6 +57,31 @@ class VoidTrial(ArithmeticError):
 # ---- primes ------------------------------------------------------------------------------------
 
 
+def is_prime(n: int) -> bool:
+    """Deterministic Miller–Rabin for n < 3.3·10^24 (cheap; galois finds, this checks)."""
+    if n < 2:
+        return False
+    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+    if n in bases:
+        return True
+    if any(n % b == 0 for b in bases):
+        return False
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for b in bases:
+        x = pow(b, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class Field:
     """The moduli of one verification: Z_p × Z_q with q | p − 1 and ω of order q in Z_p.
@@ -74,15 +99,13 @@ class Field:
     sample_bits: int
 
     def __post_init__(self) -> None:
-        import galois
-
-        if not (2 < self.p < 2**31 and galois.is_prime(self.p) and galois.is_prime(self.q)):
+        if not (2 < self.p < 2**31 and is_prime(self.p) and is_prime(self.q)):
             raise ValueError(f"need primes p < 2^31 and q, got p={self.p}, q={self.q}")
         if (self.p - 1) % self.q:
             raise ValueError(f"q={self.q} does not divide p-1={self.p - 1}")
         if self.omega % self.p in (0, 1) or pow(self.omega, self.q, self.p) != 1:
             raise ValueError(f"omega={self.omega} does not have order q={self.q} mod p={self.p}")
-        if not 1 <= self.sample_bits or 2**self.sample_bits > self.p:
+        if self.sample_bits < 1 or 2**self.sample_bits > self.p:
             raise ValueError(f"2**sample_bits must be at most p, got {self.sample_bits}")
 
     @property
@@ -96,19 +119,24 @@ class Field:
         import galois
 
         g = int(galois.primitive_root(p))
-        return Field(p, q, pow(g, (p - 1) // q, p), (p.bit_length() - 1))
+        return Field(p, q, pow(g, (p - 1) // q, p), p.bit_length() - 1)
 
 
-@functools.cache
-def default_field() -> Field:
-    """The largest safe prime p = 2q + 1 below 2^31 (see the module docstring)."""
+def find_field(below: int = 2**31) -> Field:
+    """The largest safe prime p = 2q + 1 < `below`, found with galois (`default_field`'s origin)."""
     import galois
 
-    q = 2**30
+    q = (below - 1) // 2
     while True:
         q = int(galois.prev_prime(q - 1))
         if galois.is_prime(2 * q + 1):
             return Field.from_primes(2 * q + 1, q)
+
+
+@functools.cache
+def default_field() -> Field:
+    """p = 2^31 − 69, q = (p − 1)/2, ω = 4: `find_field()`, stored so galois is not imported."""
+    return Field(p=2147483579, q=1073741789, omega=4, sample_bits=30)
 
 
 # ---- vectorised modular arithmetic on int64 residues ----------------------------------------
@@ -179,6 +207,7 @@ def inv_mod(a: np.ndarray, m: int) -> np.ndarray:
         cur = mul_mod(cur[0::2], cur[1::2], m)
     inv = np.array([pow(int(cur[0]), -1, m)], dtype=np.int64)
     for level in reversed(levels):
+        inv = inv[: level.size // 2]  # drop the parent level's padding
         nxt = np.empty_like(level)
         nxt[0::2] = mul_mod(inv, level[1::2], m)
         nxt[1::2] = mul_mod(inv, level[0::2], m)
@@ -194,12 +223,17 @@ def reduce_sum_mod(a: np.ndarray, axes: Sequence[int], m: int) -> np.ndarray:
     return np.remainder(np.sum(a, axis=axes, dtype=np.int64), m)
 
 
-def limb_bits(k: int, m: int) -> int:
-    """The widest limb s with k·(2^s − 1)·(m − 1) < 2^53 (exact float64 dot products)."""
+def limb_bits(k: int, big_bound: int) -> int:
+    """The widest limb s with k·(2^s − 1)·(big_bound − 1) < 2^53 (exact float64 dot products)."""
     s = 0
-    while k * (2 ** (s + 1) - 1) * (m - 1) < 2**MAX_EXACT_BITS:
+    while k * (2 ** (s + 1) - 1) * (big_bound - 1) < 2**MAX_EXACT_BITS:
         s += 1
     return s
+
+
+def split_first(a_shape: Sequence[int], b_shape: Sequence[int]) -> bool:
+    """Whether `matmul_mod` splits its first operand (the one with fewer elements) into limbs."""
+    return math.prod(a_shape) <= math.prod(b_shape)
 
 
 def matmul_mod(
@@ -207,61 +241,73 @@ def matmul_mod(
     b: np.ndarray,
     m: int,
     *,
-    a_float: Callable[[], np.ndarray] | None = None,
-    b_float: Callable[[], np.ndarray] | None = None,
+    a_bound: int | None = None,
+    b_bound: int | None = None,
 ) -> np.ndarray:
     """Exact batched a[..., M, K] @ b[..., K, N] mod m via float64 BLAS with limb splitting.
 
+    The operand with fewer elements (`split_first`) is split into L limbs of s bits, stacked
+    into one BLAS call against the other operand in float64; s is the widest with
+    K·(2^s − 1)·(bound − 1) < 2^53, so every partial sum is an exact integer.
+
     Arguments:
-        a, b: int64 residues in [0, m).
+        a, b: residues, 0 ≤ a < a_bound ≤ m and 0 ≤ b < b_bound ≤ m, as int64 or as exact
+            float64 (pass the split operand as int64 and the other as float64 to save a
+            conversion).
         m: the modulus (< 2^31).
-        a_float, b_float: optional providers of the operands as float64 (cached conversions).
+        a_bound, b_bound: exclusive bounds on the entries (default m; random inputs are smaller,
+            which saves a limb).
     """
     k = a.shape[-1]
-    bits = (m - 1).bit_length()
+    a_bound, b_bound = a_bound or m, b_bound or m
+    split_a = split_first(a.shape, b.shape)
+    small, small_bound, big_bound = (a, a_bound, b_bound) if split_a else (b, b_bound, a_bound)
+    small = np.asarray(small).astype(np.int64, copy=False)
+    big = np.asarray(b if split_a else a).astype(np.float64, copy=False)
+    bits = max(1, (small_bound - 1).bit_length())
     chunk = k
-    while chunk > 1 and limb_bits(chunk, m) < min(MIN_LIMB_BITS, bits):
+    while chunk > 1 and limb_bits(chunk, big_bound) < min(MIN_LIMB_BITS, bits):
         chunk = (chunk + 1) // 2
-    if chunk < k:  # long contractions: exact per chunk, summed mod m
-        out = None
-        for start in range(0, k, chunk):
-            part = matmul_mod(a[..., start : start + chunk], b[..., start : start + chunk, :], m)
-            out = part if out is None else add_mod(out, part, m)
-        assert out is not None
-        return out
-    s = min(limb_bits(k, m), bits)
+    out = None
+    for start in range(0, k, chunk):  # long contractions: exact per chunk, summed mod m
+        stop = min(k, start + chunk)
+        if split_a:
+            part = _limb_matmul(
+                small[..., start:stop], big[..., start:stop, :], True, bits, m, big_bound
+            )
+        else:
+            part = _limb_matmul(
+                small[..., start:stop, :], big[..., start:stop], False, bits, m, big_bound
+            )
+        out = part if out is None else add_mod(out, part, m)
+    assert out is not None
+    return out
+
+
+def _limb_matmul(
+    small: np.ndarray, big: np.ndarray, split_a: bool, bits: int, m: int, big_bound: int
+) -> np.ndarray:
+    k = big.shape[-2] if split_a else big.shape[-1]
+    s = min(limb_bits(k, big_bound), bits)
     n_limbs = -(-bits // s)
-    split_a = a.size <= b.size
-    small = a if split_a else b
-    if split_a:
-        big = b_float() if b_float is not None else np.asarray(b, dtype=np.float64)
-    else:
-        big = a_float() if a_float is not None else np.asarray(a, dtype=np.float64)
-    if n_limbs == 1:
-        prod = (
-            np.matmul(small.astype(np.float64), big)
-            if split_a
-            else np.matmul(big, small.astype(np.float64))
-        )
-        return np.remainder(prod.astype(np.int64), m)
     mask = (1 << s) - 1
     limbs = [((small >> (s * i)) & mask).astype(np.float64) for i in range(n_limbs)]
     if split_a:  # stack along M: [..., L·M, K] @ [..., K, N]
-        rows = a.shape[-2]
-        prod = np.matmul(np.concatenate(limbs, axis=-2), big)
-        parts = prod.reshape(*prod.shape[:-2], n_limbs, rows, prod.shape[-1])
-        limb_axis = -3
+        prod = np.matmul(np.concatenate(limbs, axis=-2) if n_limbs > 1 else limbs[0], big)
+        parts = prod.astype(np.int64).reshape(
+            *prod.shape[:-2], n_limbs, small.shape[-2], prod.shape[-1]
+        )
     else:  # stack along N: [..., M, K] @ [..., K, L·N]
-        cols = b.shape[-1]
-        prod = np.matmul(big, np.concatenate(limbs, axis=-1))
-        parts = prod.reshape(*prod.shape[:-1], n_limbs, cols)
-        limb_axis = -2
-    parts = np.remainder(parts.astype(np.int64), m)
-    out = np.take(parts, 0, axis=limb_axis)
-    for i in range(1, n_limbs):
-        weight = pow(2, s * i, m)
-        out = add_mod(out, mul_mod(np.take(parts, i, axis=limb_axis), weight, m), m)
-    return out
+        prod = np.matmul(big, np.concatenate(limbs, axis=-1) if n_limbs > 1 else limbs[0])
+        parts = prod.astype(np.int64).reshape(*prod.shape[:-1], n_limbs, small.shape[-1])
+        parts = np.moveaxis(parts, -2, -3)
+    # Horner from the top limb: acc < m < 2^31, so (acc << s) + limb < 2^63.
+    acc = np.remainder(parts[..., n_limbs - 1, :, :], m)
+    for i in range(n_limbs - 2, -1, -1):
+        acc <<= s
+        acc += parts[..., i, :, :]
+        np.remainder(acc, m, out=acc)
+    return acc
 
 
 # ---- exp, hashing, constants ------------------------------------------------------------------
@@ -401,11 +447,19 @@ class FieldArray:
         p: residues mod p (int64, or integer-valued float64).
         q: residues mod q (an int64 array), a `_Lazy` cell, or None when invalid.
         dtype: the numpy dtype name of the value this stands for.
+        bound: an exclusive upper bound on the p-residues when it is below p (random inputs:
+            2^30), which lets matmul use wider limbs.
     """
 
-    __slots__ = ("_p", "_pf", "_q", "dtype")
+    __slots__ = ("_p", "_pf", "_q", "bound", "dtype")
 
-    def __init__(self, p: np.ndarray, q: np.ndarray | _Lazy | None, dtype: str = "float32"):
+    def __init__(
+        self,
+        p: np.ndarray,
+        q: np.ndarray | _Lazy | None,
+        dtype: str = "float32",
+        bound: int | None = None,
+    ):
         p = np.asarray(p)
         if p.dtype == np.float64:
             self._p, self._pf = None, p
@@ -415,12 +469,17 @@ class FieldArray:
             q = _Lazy(value=np.asarray(q, dtype=np.int64))
         self._q = q
         self.dtype = dtype
+        self.bound = bound
 
     @property
     def p(self) -> np.ndarray:
         if self._p is None:
             self._p = self._pf.astype(np.int64)  # type: ignore[union-attr]
         return self._p
+
+    def map_p(self, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """fn applied to the p-residues in the form they are held (int64, else float64)."""
+        return fn(self._p if self._p is not None else self._pf)
 
     def p_float(self) -> np.ndarray:
         """The p-residues as exact float64 (cached: inputs feed several matmuls)."""

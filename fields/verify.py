@@ -39,41 +39,58 @@ from fields.algebra import FieldAlgebra
 from fields.degree import DegreeReport, degree_bound
 from fields.numbers import Field, FieldArray, VoidTrial, _Lazy, default_field
 
-DEFAULT_TRIALS = 3
+TARGET_BOUND = 1e-9
+MIN_TRIALS = 2
+MAX_TRIALS = 10
 MAX_VOID_TRIALS = 20
 
 
-def _random_p(rng: np.random.Generator, size: int, bits: int) -> np.ndarray:
-    """`size` uniform integers in [0, 2**bits) as exact float64 (bits ≤ 32), from raw bits."""
-    raw = rng.bit_generator.random_raw((size + 1) // 2).view(np.uint32)[:size]
-    if bits < 32:
-        raw = raw & np.uint32((1 << bits) - 1)
-    return raw.astype(np.float64)
+def _fill_uniform(rng: np.random.Generator, out: np.ndarray, bits: int) -> np.ndarray:
+    """Fill float64 `out` in place with integers uniform on [0, 2**bits) (bits ≤ 53).
+
+    `Generator.random` returns k/2^53 with k uniform on 53 bits, so floor(x·2^bits) = k >> (53 −
+    bits) is exactly uniform; filling in place lets `verify` reuse one buffer across trials.
+    """
+    rng.random(out=out)
+    np.multiply(out, float(2**bits), out=out)
+    np.floor(out, out=out)
+    return out
 
 
 def random_inputs(
     avals: Sequence[tuple[tuple[int, ...], str]],
     rng: np.random.Generator,
     field: Field | None = None,
+    *,
+    buffers: dict[int, np.ndarray] | None = None,
 ) -> list[FieldArray]:
     """Uniform random field inputs for `avals` ((shape, dtype) pairs).
 
     The p-residues are uniform on [0, 2**field.sample_bits) and drawn now; the q-residues are
     uniform on Z_q and drawn from the input's own stream when first needed, so they do not
     depend on evaluation order.
+
+    Arguments:
+        buffers: a pool of float64 arrays, by input position, refilled in place (the caller
+            guarantees that the inputs of the previous call are no longer in use).
     """
     field = field or default_field()
     out = []
-    for (shape, dtype), child in zip(avals, rng.spawn(len(avals))):
-        size = math.prod(shape)
-        p = _random_p(child, size, field.sample_bits).reshape(shape)
-        q_seed = child.integers(0, 2**63)
+    for i, ((shape, dtype), child) in enumerate(zip(avals, rng.spawn(len(avals)))):
+        shape = tuple(shape)
+        buf = None if buffers is None else buffers.get(i)
+        if buf is None or buf.shape != shape:
+            buf = np.empty(shape, dtype=np.float64)
+            if buffers is not None:
+                buffers[i] = buf
+        p = _fill_uniform(child, buf, field.sample_bits)
+        q_seed = int(child.integers(0, 2**63))
 
-        def draw_q(shape: tuple[int, ...] = tuple(shape), seed: int = int(q_seed)) -> np.ndarray:
+        def draw_q(shape: tuple[int, ...] = shape, seed: int = q_seed) -> np.ndarray:
             gen = np.random.Generator(np.random.SFC64(seed))
             return gen.integers(0, field.q, size=shape, dtype=np.int64)
 
-        out.append(FieldArray(p, _Lazy(draw_q), dtype))
+        out.append(FieldArray(p, _Lazy(draw_q), dtype, field.sample_size))
     return out
 
 
@@ -141,6 +158,15 @@ def trial_bound(da: DegreeReport, db: DegreeReport, field: Field) -> float:
     return min(1.0, p_term + q_term)
 
 
+def trials_for(eps: float, target_bound: float = TARGET_BOUND) -> int:
+    """The fewest trials (MIN_TRIALS..MAX_TRIALS) with eps ** trials ≤ target_bound."""
+    if eps <= 0:
+        return MIN_TRIALS
+    if eps >= 1:
+        return MAX_TRIALS
+    return min(MAX_TRIALS, max(MIN_TRIALS, math.ceil(math.log(target_bound) / math.log(eps))))
+
+
 def _perfect_matching(compat: np.ndarray) -> tuple[int, ...] | None:
     """A matching of every row to a distinct column (augmenting paths), or None."""
     n_rows, n_cols = compat.shape
@@ -177,9 +203,10 @@ def verify(
     a: Any,
     b: Any,
     *,
-    trials: int = DEFAULT_TRIALS,
+    trials: int | None = None,
     seed: int = 0,
     field: Field | None = None,
+    target_bound: float = TARGET_BOUND,
     max_void_trials: int = MAX_VOID_TRIALS,
 ) -> Verdict:
     """Test two programs for equality of their exact semantics, up to a permutation of outputs.
@@ -188,9 +215,11 @@ def verify(
         a, b: Programs, or anything with `input_avals`, `output_avals` and
             `interpret(inputs, algebra)` (µGraphs); their input avals must agree.
         trials: independent trials, each on fresh random inputs with fresh uninterpreted
-            functions and shifts.
+            functions and shifts; by default the fewest (at least 2, at most 10) that bring the
+            bound to `target_bound`.
         seed: makes the verdict reproducible.
         field: the moduli (default `default_field()`).
+        target_bound: the false-accept bound the default number of trials aims at.
         max_void_trials: void draws tolerated before the pair is rejected.
 
     Raises:
@@ -203,6 +232,8 @@ def verify(
         raise TypeError(f"input avals differ: {avals_a} against {avals_b}")
     deg_a, deg_b = degree_bound(a), degree_bound(b)
     eps = trial_bound(deg_a, deg_b, field)
+    if trials is None:
+        trials = trials_for(eps, target_bound)
 
     def verdict(equal: bool, done: int, void: int, matching=None, mismatched=(), reason=""):
         return Verdict(
@@ -227,6 +258,7 @@ def verify(
         [[sa == sb for sb, _ in b.output_avals] for sa, _ in a.output_avals], dtype=bool
     ).reshape(n_a, n_b)
     done = void = attempt = 0
+    buffers: dict[int, np.ndarray] = {}
     matching = _perfect_matching(compat)
     if matching is None:
         return verdict(False, 0, 0, mismatched=_unmatched(compat), reason="output shapes differ")
@@ -235,11 +267,12 @@ def verify(
         attempt += 1
         key = int(rng.integers(0, 2**63)) << 64 | int(rng.integers(0, 2**63))
         algebra = FieldAlgebra(field, key=key, rng=rng.spawn(1)[0])
-        inputs = random_inputs(avals_a, rng, field)
+        inputs = random_inputs(avals_a, rng, field, buffers=buffers)
         try:
             out_a = a.interpret(inputs, algebra)
             out_b = b.interpret(inputs, algebra)
         except VoidTrial:
+            del inputs
             void += 1
             if void > max_void_trials:
                 return verdict(
@@ -247,6 +280,7 @@ def verify(
                 )
             continue
         compat &= _compare(out_a, out_b)
+        del inputs, out_a, out_b, algebra  # the buffers are refilled next trial
         done += 1
         matching = _perfect_matching(compat)
         if matching is None:
