@@ -1,0 +1,149 @@
+"""The `mirage-jax` command line: help texts, optimize, explain, bench, cache."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import mirage_jax
+from mirage_jax import api
+from mirage_jax.cache import Cache
+from mirage_jax.cli import main, parse_arg
+from tests.test_cache import rmsnorm_region
+
+RMSNORM = ["experiments.benchmarks:rmsnorm_mirage", "--arg", "f16[2,256]", "--arg", "f16[256,384]"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    api._WARNED.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mirage_jax.MirageWarning)
+        yield
+
+
+@pytest.fixture
+def filled_cache(tmp_path):
+    program, good, _ = rmsnorm_region()
+    cache = Cache(tmp_path / "c.sqlite")
+    cache.store(program, good, device_kind=api.device_kind(), backend="reference",
+                timings={"mugraph_us": 8.0, "xla_us": 10.0})  # fmt: skip
+    return cache
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("optimize", "explain", "bench", "cache"):
+        assert cmd in out
+    assert run(capsys)[1].startswith("usage: mirage-jax")
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["optimize"], ["MODULE:FUNCTION", "--arg", "--budget-s", "--backend", "--cache", "f16"]),
+        (["explain"], ["MODULE:FUNCTION", "--arg", "--search", "--svg", "--listing"]),
+        (["bench"], ["rmsnorm", "--batch", "--small", "--check", "--jit"]),
+        (["cache"], ["ls", "show", "clear", "export", "import", "MIRAGE_JAX_CACHE"]),
+        (["cache", "ls"], ["--cache"]),
+        (["cache", "show"], ["key", "prefix"]),
+        (["cache", "clear"], ["--cache"]),
+        (["cache", "export"], ["JSON-lines"]),
+        (["cache", "import"], ["JSON-lines"]),
+    ],
+)
+def test_subcommand_help_is_complete(capsys, argv, words):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for w in words:
+        assert w in out, (argv, w)
+
+
+def test_parse_arg_specs_and_literals():
+    assert parse_arg("f16[2,4096]") == jax.ShapeDtypeStruct((2, 4096), jnp.float16)
+    assert parse_arg("bf16[8]") == jax.ShapeDtypeStruct((8,), jnp.bfloat16)
+    assert parse_arg("float32[]") == jax.ShapeDtypeStruct((), jnp.float32)
+    assert parse_arg("3") == 3 and parse_arg("(1, 2)") == (1, 2)
+
+
+def test_bad_arguments_exit_2_with_a_message(capsys):
+    rc, _, err = run(capsys, "explain", "experiments.benchmarks:rmsnorm", "--arg", "f99[2]")
+    assert rc == 2 and "unknown dtype" in err
+    rc, _, err = run(capsys, "explain", "no_such_module_xyz:fn")
+    assert rc == 2 and "cannot load" in err
+    rc, _, err = run(capsys, "optimize", "experiments.benchmarks")
+    assert rc == 2 and "MODULE:FUNCTION" in err
+
+
+def test_explain_prints_partition_and_cached_mugraph(capsys, filled_cache):
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
+                     "--backend", "reference")  # fmt: skip
+    assert rc == 0
+    assert "partition of rmsnorm_mirage: 1 Lax region(s)" in out
+    assert "fused kernel (reference) from cache" in out and "rms_norm" in out
+    assert "µGraph 8.00 µs against XLA 10.00 µs" in out
+
+
+def test_explain_writes_pictures(capsys, filled_cache, tmp_path):
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
+                     "--backend", "reference", "--svg", str(tmp_path / "svg"))  # fmt: skip
+    assert rc == 0 and (tmp_path / "svg" / "region0.svg").exists()
+
+
+def test_optimize_reports_hits_and_says_when_nothing_was_optimised(capsys, filled_cache):
+    rc, out, _ = run(capsys, "optimize", *RMSNORM, "--cache", str(filled_cache.path),
+                     "--backend", "reference", "-q")  # fmt: skip
+    assert rc == 0 and "1 fused kernel(s)" in out
+    rc, out, err = run(capsys, "optimize", "experiments.benchmarks:gqa", "--arg", "f16[2,16,16]",
+                       "--arg", "f16[2,16,64]", "--arg", "f16[2,64,16]", "--cache",
+                       str(filled_cache.path), "-q", "--backend", "xla")  # fmt: skip
+    assert rc == 1 and "nothing was optimised" in err
+
+
+def test_bench_keeps_working_and_runs_jit(capsys, tmp_path):
+    rc, out, _ = run(capsys, "bench", "rmsnorm", "--small", "--check", "--jit",
+                     "--cache", str(tmp_path / "c.sqlite"))  # fmt: skip
+    assert rc == 0
+    assert "partition of rmsnorm" in out and "rebuilt function vs float64 reference" in out
+    assert "mirage_jax.jit vs float64 reference" in out
+    rc, _, err = run(capsys, "bench", "nosuch")
+    assert rc == 2 and "no benchmark" in err
+
+
+def test_cache_ls_show_export_import_clear(capsys, filled_cache, tmp_path):
+    path = str(filled_cache.path)
+    rc, out, _ = run(capsys, "cache", "ls", "--cache", path)
+    assert rc == 0 and "1 entry" in out and "µgraph" in out and "1.25x" in out
+    key = filled_cache.entries()[0].key
+    rc, out, _ = run(capsys, "cache", "--cache", path, "show", key[:10])
+    assert rc == 0 and key in out and "rms_norm" in out and '"equal": true' in out
+    assert run(capsys, "cache", "show", "ffff", "--cache", path)[0] == 2
+    dump = tmp_path / "team.jsonl"
+    assert run(capsys, "cache", "export", str(dump), "--cache", path)[0] == 0
+    other = str(tmp_path / "other.sqlite")
+    rc, out, _ = run(capsys, "cache", "import", str(dump), "--cache", other)
+    assert rc == 0 and "imported 1 entry" in out
+    assert [e.key for e in Cache(other).entries()] == [key]
+    rc, out, _ = run(capsys, "cache", "clear", "--cache", path)
+    assert rc == 0 and "cleared 1 entry" in out and Cache(path).entries() == []
+    assert run(capsys, "cache", "path", "--cache", path)[1].strip() == path
+
+
+def test_cache_uses_the_environment_variable(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_JAX_CACHE", str(tmp_path / "env.sqlite"))
+    rc, out, _ = run(capsys, "cache", "path")
+    assert rc == 0 and out.strip() == str(tmp_path / "env.sqlite")
