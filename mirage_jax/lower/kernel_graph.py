@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mirage_jax.lower import registry
-from mirage_jax.lower.plan import KernelPlan, plan_kernel
+from mirage_jax.lower.plan import MIN_DOT, KernelPlan, plan_kernel
 from mirage_jax.lower.registry import BACKENDS, LoweringError
 from mirage_jax.mugraph import MuGraph, MuGraphError, validate
 
@@ -85,6 +85,11 @@ def _mul_scalar(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
     return (_f32(x) * np.float32(params["scalar"])).astype(dtype)
 
 
+@registry.register("jnp", "add_scalar")
+def _add_scalar(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
+    return (_f32(x) + np.float32(params["scalar"])).astype(dtype)
+
+
 @registry.register("jnp", "matmul")
 def _matmul(params: dict, dtype: Any, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.matmul(a, b, preferred_element_type=F32).astype(dtype)
@@ -103,7 +108,8 @@ def _reduce_max(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
 @registry.register("jnp", "rms_norm")
 def _rms_norm(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
     x = _f32(x)
-    return (x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True))).astype(dtype)
+    ms = jnp.mean(x * x, axis=-1, keepdims=True) + np.float32(params.get("eps") or 0.0)
+    return (x / jnp.sqrt(ms)).astype(dtype)
 
 
 @registry.register("jnp", "concat")
@@ -124,7 +130,7 @@ def _backend_module(backend: str):
     raise LoweringError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
-def plan(mugraph: MuGraph) -> dict[int, KernelPlan]:
+def plan(mugraph: MuGraph, min_dot: int = MIN_DOT) -> dict[int, KernelPlan]:
     """Validate `mugraph` and plan each graph-defined kernel (kernel op index -> plan)."""
     try:
         validate(mugraph)
@@ -137,7 +143,7 @@ def plan(mugraph: MuGraph) -> dict[int, KernelPlan]:
         if op.block_graph is None:
             registry.rule("jnp", op.op, f"kernel op {i}")
             continue
-        plans[i] = plan_kernel(op.block_graph, f"kernel op {i} (graph_defined)")
+        plans[i] = plan_kernel(op.block_graph, f"kernel op {i} (graph_defined)", min_dot)
     return plans
 
 
@@ -159,8 +165,8 @@ def lower(
     Raises LoweringError naming the op and rule for an invalid or unsupported µGraph.
     """
     mod = _backend_module(backend)
-    plans = plan(mugraph)
     config = mod.default_config() if config is None else config
+    plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     kernels = {

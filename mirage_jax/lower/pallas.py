@@ -85,6 +85,11 @@ class OpCtx:
     def pad(self) -> tuple[int, ...]:
         return self.plan.pads[self.t]
 
+    @property
+    def eps(self) -> np.float32:
+        """The optional eps of rms_norm / accum_rms_last (0 when absent)."""
+        return np.float32(self.params.get("eps") or 0.0)
+
     def arg_tile(self, i: int) -> tuple[int, ...]:
         return self.plan.tile(self.args[i])
 
@@ -153,6 +158,11 @@ def _dot(ctx: OpCtx, a: jax.Array, b: jax.Array, ia: int, ib: int, path: str) ->
     return out.reshape((*(1,) * (len(ctx.pad) - 2), *out.shape))
 
 
+@registry.register(BACKEND, "add_scalar")
+def _add_scalar(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    return _f32(x) + np.float32(ctx.params["scalar"])
+
+
 @registry.register(BACKEND, "matmul")
 def _matmul(ctx: OpCtx, a: jax.Array, b: jax.Array) -> jax.Array:
     (mp,) = ctx.plan.matmuls[ctx.t]
@@ -181,7 +191,7 @@ def _reduce_max(ctx: OpCtx, x: jax.Array) -> jax.Array:
 def _rms_norm(ctx: OpCtx, x: jax.Array) -> jax.Array:
     x = _f32(x)
     ss = jnp.sum(ctx.masked(x * x, 0, (-1,), 0), axis=-1, keepdims=True)
-    return x / jnp.sqrt(ss / np.float32(ctx.arg_tile(0)[-1]))
+    return x / jnp.sqrt(ss / np.float32(ctx.arg_tile(0)[-1]) + ctx.eps)
 
 
 @registry.register(BACKEND, "concat")
@@ -231,7 +241,7 @@ registry.add(
     AccumRule(
         _zeros,
         lambda c, s, x: s + _sum_last(c, _f32(x) * _f32(x)),
-        lambda c, s: jnp.sqrt(s / _count(c)),
+        lambda c, s: jnp.sqrt(s / _count(c) + c.eps),
     ),
 )
 registry.add(

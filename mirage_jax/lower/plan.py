@@ -162,8 +162,13 @@ def _where(bg: BlockGraph, t: int) -> str:
     return f"block op {t - n_in} ({bg.ops[t - n_in].op})"
 
 
-def plan_kernel(bg: BlockGraph, where: str = "graph-defined kernel") -> KernelPlan:
-    """Analyse a block graph; LoweringError (naming the op and rule) if it cannot be lowered."""
+def plan_kernel(
+    bg: BlockGraph, where: str = "graph-defined kernel", min_dot: int = MIN_DOT
+) -> KernelPlan:
+    """Analyse a block graph; LoweringError (naming the op and rule) if it cannot be lowered.
+
+    `min_dot` is the smallest padded M/N/K of a tensor-core dot (>= 16, a power of two).
+    """
     try:
         info = block_info(bg)
     except MuGraphError as e:
@@ -284,7 +289,7 @@ def plan_kernel(bg: BlockGraph, where: str = "graph-defined kernel") -> KernelPl
                 continue
             need = next_pow2(s)
             if uf.find((t, d)) in dot_classes:
-                need = max(need, MIN_DOT)
+                need = max(need, min_dot)
             p.append(need)
         pads.append(tuple(p))
     # A matmul whose padded dims are all >= 16 runs on tensor cores; recompute the paths.
