@@ -1,0 +1,623 @@
+"""`search`: budgets, tasks over mapping classes, verification, numbers, statistics, workers.
+
+The search of one region runs in phases (each timed in the statistics):
+
+1. prepare: check the region is inside the fragment, find its logical dimensions, shrink it
+   (`dims.shrink`), derive the targets' abstract expressions and saturate them (`expr`);
+2. enumerate: one task per kernel plan and mapping class (independent subtrees, run by a
+   process pool), iterative deepening over the number of block ops, depth-major across tasks
+   so small graphs are found first everywhere; closed graphs are verified at once on the small
+   representative (`fields.verify` against the shrunk region, grid 2, loop 2) and memoised
+   by structure;
+3. numbers: every accepted structure is instantiated at full size over its candidate grids
+   and loop ranges, checked against the target's limits and ranked by the cost model;
+4. confirm: the best candidates are verified at full size before they are returned.
+
+The depth policy: once a task's smallest graph is found at depth d, it goes on to depth
+d + `Budget.extra_depth` only; depths beyond the smallest success overall plus that margin are
+not explored. A budget that runs out returns what was found with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lax_ir.program import Program
+from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, validate
+from mirage_jax.search import cost as cost_model
+from mirage_jax.search import dims as dims_mod
+from mirage_jax.search import expr as E
+from mirage_jax.search.enumerate import (
+    BlockEnumerator,
+    Counters,
+    Goal,
+    build_vocabulary,
+    output_tensor,
+)
+from mirage_jax.search.schedule import mapping_classes, numbers_for
+from mirage_jax.search.structure import (
+    KernelSpec,
+    KTensor,
+    MappingClass,
+    Structure,
+    instantiate,
+    representative,
+    representative_numbers,
+)
+
+SUPPORTED = frozenset(
+    {
+        "input", "constant", "matmul", "add", "sub", "mul", "div", "neg", "exp", "integer_pow",
+        "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "convert",
+        "sqrt", "logistic", "tanh", "erf", "concatenate",
+    }
+)  # fmt: skip
+STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
+
+
+class SearchError(ValueError):
+    """The region cannot be searched (the message names the op or the rule)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits of one search.
+
+    Arguments:
+        time_s: wall-clock limit of the enumeration (numbers and confirmation come after).
+        max_candidates: closed graphs examined (each a verification unless memoised).
+        max_kernels: kernels per µGraph (a split-K pair is two).
+        max_block_ops: block ops per graph-defined kernel (inputs not counted).
+        extra_depth: depth explored beyond the smallest graph found (see the module docstring).
+        max_outputs: outputs of a split-K kernel (its partial sums).
+        results: µGraphs returned; confirm: how many of the best are verified at full size.
+        trials: field trials per verification.
+        numbers_per_structure: full-size instances kept per structure.
+        split: try split-K (a reduction split across the grid, then a combining kernel).
+    """
+
+    time_s: float = 300.0
+    max_candidates: int = 20000
+    max_kernels: int = 3
+    max_block_ops: int = 10
+    extra_depth: int = 1
+    max_outputs: int = 2
+    results: int = 16
+    confirm: int = 4
+    trials: int = 2
+    numbers_per_structure: int = 4
+    split: bool = True
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What `search` found for one region.
+
+    Arguments:
+        mugraphs: verified µGraphs, best (lowest estimated cost) first.
+        stop_reason: "exhausted", "time", "candidates" or "no-candidates".
+        stats: counts (generated, pruned by reason, verified, accepted, rejected), seconds per
+            phase, e-graph and budget details.
+        structures: a one-line description per accepted structure.
+        message: a sentence for people (says so when nothing was found).
+    """
+
+    mugraphs: tuple[MuGraph, ...]
+    stop_reason: str
+    stats: Mapping[str, Any]
+    structures: tuple[str, ...] = ()
+    message: str = ""
+    program_hash: str = ""
+
+    @property
+    def best(self) -> MuGraph | None:
+        return self.mugraphs[0] if self.mugraphs else None
+
+    def __bool__(self) -> bool:
+        return bool(self.mugraphs)
+
+    def to_json(self) -> str:
+        """The result as JSON: stop reason, message, stats, structures, µGraph summaries."""
+        return json.dumps(
+            {
+                "program": self.program_hash,
+                "stop_reason": self.stop_reason,
+                "message": self.message,
+                "stats": self.stats,
+                "structures": list(self.structures),
+                "mugraphs": [
+                    {k: v for k, v in g.meta.items() if k != "source"} | {"hash": g.canonical_hash}
+                    for g in self.mugraphs
+                ],
+            },
+            sort_keys=True,
+            default=str,
+        )
+
+
+# ---------------------------------------------------------------------------- problem
+@dataclass
+class Problem:
+    """Everything a task needs (pickled once per worker)."""
+
+    program: Program
+    small_program: Program
+    dims: dims_mod.Dims
+    small: dict[int, int]
+    sizes: dict[int, int]
+    inputs: tuple[KTensor, ...]
+    targets: E.Targets
+    output_labels: tuple
+    vocab: Any
+    combine_vocab: Any
+    trials: int
+    seed: int
+    max_outputs: int
+    shrunk: bool
+
+
+@dataclass(frozen=True)
+class Task:
+    """One independent subtree: a mapping class of the region's (first) kernel."""
+
+    index: int
+    mapping: MappingClass
+
+
+@dataclass
+class TaskOutcome:
+    index: int
+    depth: int
+    accepted: list = field(default_factory=list)  # (structure, key)
+    verdicts: dict = field(default_factory=dict)  # key -> bool
+    counters: Counters = field(default_factory=Counters)
+    verified: int = 0
+    rejected: int = 0
+    invalid: int = 0
+    duplicates: int = 0
+    enumerate_s: float = 0.0
+    verify_s: float = 0.0
+    stopped: str = ""
+    saturation: dict = field(default_factory=dict)
+
+
+def check_fragment(program: Program) -> None:
+    """Raise SearchError naming the first op outside what the search handles."""
+    for i, n in program.ops():
+        if n.op not in SUPPORTED:
+            what = n.op
+            if n.op == "opaque":
+                what = f"opaque primitive `{n.param('payload').primitive.name}`"
+            raise SearchError(
+                f"the region is outside the Lax fragment: op `{what}` (node %{i}) has no µGraph "
+                "form; partition the program (lax_ir.partition) and search its Lax regions"
+            )
+        if n.op == "reduce_max" and not n.param("shift"):
+            raise SearchError(
+                f"the region is outside the Lax fragment: op `reduce_max` (node %{i}) is not a "
+                "softmax shift"
+            )
+        if n.dtype not in ("float16", "bfloat16", "float32", "float64"):
+            raise SearchError(f"op `{n.op}` (node %{i}) works on {n.dtype}, not a float dtype")
+    if not program.outputs:
+        raise SearchError("the region has no outputs")
+
+
+def prepare(program: Program, *, seed: int, budget: Budget) -> Problem:
+    """Dimensions, the shrunk representative program, targets, vocabulary."""
+    check_fragment(program)
+    dims = dims_mod.analyse(program)
+    small = dims_mod.small_sizes(dims)
+    try:
+        small_program = dims_mod.shrink(program, small, dims)
+        shrunk = True
+    except dims_mod.ShrinkError:
+        small_program, small, shrunk = program, dict(enumerate(dims.sizes)), False
+    sdims = dims_mod.analyse(small_program)
+    try:
+        terms = E.program_terms(small_program, sdims)
+    except ValueError as e:
+        raise SearchError(str(e)) from None
+    inputs = tuple(
+        KTensor(("in", k), terms[n], sdims.axes[n], small_program.nodes[n].dtype)
+        for k, n in enumerate(small_program.inputs)
+    )
+    targets = E.Targets([terms[o] for o in small_program.outputs])
+    scalars = E.scalar_constants(small_program, sdims)
+    return Problem(
+        program=program,
+        small_program=small_program,
+        dims=dims,
+        small=small,
+        sizes=dict(enumerate(dims.sizes)),
+        inputs=inputs,
+        targets=targets,
+        output_labels=tuple(sdims.axes[o] for o in small_program.outputs),
+        vocab=build_vocabulary(small_program, scalars),
+        combine_vocab=build_vocabulary(small_program, scalars, combine=True),
+        trials=budget.trials,
+        seed=seed,
+        max_outputs=budget.max_outputs,
+        shrunk=shrunk,
+    )
+
+
+def tasks_of(problem: Problem, budget: Budget) -> list[Task]:
+    parallel = []
+    for labels in problem.output_labels:
+        for c in labels:
+            if c is not None and c not in parallel:
+                parallel.append(c)
+    present = {c for t in problem.inputs for c in t.labels if isinstance(c, int)}
+    reduced = sorted(c for c in problem.dims.reduced if c in present)
+    mcs = mapping_classes(
+        parallel,
+        reduced,
+        problem.sizes,
+        problem.small,
+        split=budget.split and budget.max_kernels >= 2,
+    )
+    return [Task(i, m) for i, m in enumerate(mcs)]
+
+
+# ---------------------------------------------------------------------------- tasks
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(problem: Problem) -> None:
+    _WORKER["problem"] = problem
+
+
+def _structure_key(problem: Problem, s: Structure) -> tuple[str, MuGraph | None]:
+    try:
+        g = instantiate(
+            s,
+            problem.small_program.input_avals,
+            problem.small,
+            representative_numbers(s, problem.small),
+        )
+        g.shapes  # noqa: B018 (validate)
+        return g.canonical_hash, g
+    except MuGraphError as e:
+        return "invalid:" + str(e), None
+
+
+def run_task(
+    task: Task, depth: int, deadline: float, max_candidates: int, known: dict, problem=None
+) -> TaskOutcome:
+    """Enumerate graphs of `task` with at most `depth` block ops; verify the new ones."""
+    import fields
+
+    problem = problem or _WORKER["problem"]
+    out = TaskOutcome(task.index, depth)
+    m = task.mapping
+    rep_grid, rep_loop = representative(m, problem.small)
+    goal = (
+        Goal(targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels)
+        if not m.split
+        else Goal(split=next(iter(m.split)), max_outputs=problem.max_outputs)
+    )
+    examined = 0
+
+    def stop() -> bool:
+        if time.monotonic() > deadline:
+            out.stopped = "time"
+            return True
+        if examined >= max_candidates:
+            out.stopped = "candidates"
+            return True
+        return False
+
+    t_start = time.perf_counter()
+    problem.targets.egraph  # noqa: B018 (saturate once per process)
+    out.saturation = problem.targets.stats()
+    en = BlockEnumerator(
+        problem.inputs, m, problem.small, rep_grid, rep_loop, problem.vocab, problem.targets,
+        goal, out.counters, stop,
+    )  # fmt: skip
+    for closed in en.run(depth):
+        spec = KernelSpec(
+            tuple(t.ref for t in problem.inputs), m, closed.ops, closed.outputs,
+            input_labels=tuple(t.labels for t in problem.inputs),
+        )  # fmt: skip
+        if m.split:
+            candidates = list(_combine(problem, spec, closed, out, stop))
+        else:
+            candidates = [
+                Structure(
+                    (spec,),
+                    (("k", 0, 0),) * 0 + tuple(("k", 0, j) for j in range(len(closed.outputs))),
+                )
+            ]
+        for s in candidates:
+            examined += 1
+            t0 = time.perf_counter()
+            key, g = _structure_key(problem, s)
+            if key in known or key in out.verdicts:
+                out.duplicates += 1
+                out.verify_s += time.perf_counter() - t0
+                continue
+            if g is None:
+                out.invalid += 1
+                out.verdicts[key] = False
+                continue
+            try:
+                ok = bool(
+                    fields.verify(
+                        g, problem.small_program, trials=problem.trials, seed=problem.seed
+                    )
+                )
+            except Exception:
+                ok = False
+            out.verified += 1
+            out.verdicts[key] = ok
+            if ok:
+                out.accepted.append((s, key))
+            else:
+                out.rejected += 1
+            out.verify_s += time.perf_counter() - t0
+        if stop():
+            break
+    out.enumerate_s = time.perf_counter() - t_start - out.verify_s
+    return out
+
+
+def _combine(problem: Problem, spec: KernelSpec, closed, out: TaskOutcome, stop):
+    """Combining kernels for the partial sums of a split-K kernel (one graph-defined kernel)."""
+    m = spec.mapping
+    partials = tuple(
+        output_tensor(closed.tensors[t], m, ("k", 0, j), omap)
+        for j, (t, omap) in enumerate(closed.outputs)
+    )
+    parallel = []
+    for labels in problem.output_labels:
+        for c in labels:
+            if c is not None and c not in parallel:
+                parallel.append(c)
+    for cm in mapping_classes(parallel, [], problem.sizes, problem.small, split=False, loop=False):
+        rep_grid, rep_loop = representative(cm, problem.small)
+        en = BlockEnumerator(
+            partials, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab,
+            problem.targets,
+            Goal(targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels),
+            out.counters, stop,
+        )  # fmt: skip
+        for c in en.run(4):
+            second = KernelSpec(
+                tuple(t.ref for t in partials), cm, c.ops, c.outputs,
+                input_labels=tuple(t.labels for t in partials),
+            )  # fmt: skip
+            yield Structure((spec, second), tuple(("k", 1, j) for j in range(len(c.outputs))))
+        if stop():
+            return
+
+
+# ---------------------------------------------------------------------------- search
+def search(
+    program: Program,
+    *,
+    budget: Budget | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    progress: bool | None = None,
+    target: Target | str = "h100",
+    device: cost_model.Device = cost_model.H100,
+) -> SearchResult:
+    """Search verified µGraphs for one Lax region.
+
+    Arguments:
+        program: the region (a `lax_ir.Program`, e.g. `lax_ir.partition(p).regions[k].program`).
+        budget: limits (`Budget()` by default).
+        seed: makes verification (and so the result) reproducible.
+        workers: processes for the enumeration (1: in this process).
+        progress: a progress bar on stderr (None: only when stderr is a terminal).
+        target: launch limits (a `mugraph.Target` or "h100"/"a100"/"mirage").
+        device: the cost model's device.
+
+    Raises SearchError (naming the op) for a region outside the fragment.
+    """
+    budget = budget or Budget()
+    target = TARGETS[target] if isinstance(target, str) else target
+    t_all = time.perf_counter()
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    problem = prepare(program, seed=seed, budget=budget)
+    tasks = tasks_of(problem, budget)
+    seconds["prepare"] = time.perf_counter() - t0
+
+    deadline = time.monotonic() + budget.time_s
+    counters = Counters()
+    stats: dict[str, Any] = {
+        "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0,
+        "tasks": len(tasks), "mapping_classes": [t.mapping.describe() for t in tasks],
+    }  # fmt: skip
+    accepted: list[tuple[int, int, Structure, str]] = []  # (depth, task, structure, key)
+    known: dict[int, dict] = {t.index: {} for t in tasks}
+    found_at: dict[int, int] = {}
+    stop_reason = "exhausted"
+    examined_total = 0
+    enum_s = verify_s = 0.0
+    saturation: dict = {}
+    bar = _progress_bar(progress, len(tasks) * max(1, budget.max_block_ops - 1))
+    pool = None
+    if workers > 1:
+        pool = ProcessPoolExecutor(
+            max_workers=workers, initializer=_init_worker, initargs=(problem,)
+        )
+    else:
+        _init_worker(problem)
+    try:
+        best_depth: int | None = None
+        for depth in range(2, budget.max_block_ops + 1):
+            if best_depth is not None and depth > best_depth + budget.extra_depth:
+                break
+            alive = [
+                t for t in tasks
+                if t.index not in found_at or depth <= found_at[t.index] + budget.extra_depth
+            ]  # fmt: skip
+            left = budget.max_candidates - examined_total
+            args = [(t, depth, deadline, left, known[t.index]) for t in alive]
+            if pool is not None:
+                outcomes = list(pool.map(run_task, *zip(*args))) if args else []
+            else:
+                outcomes = []
+                for a in args:
+                    outcomes.append(run_task(*a))
+                    if outcomes[-1].stopped:
+                        break
+            for o in sorted(outcomes, key=lambda o: o.index):
+                _merge(counters, o.counters)
+                for k in ("verified", "rejected", "invalid", "duplicates"):
+                    stats[k] += getattr(o, k)
+                examined_total += o.verified + o.invalid
+                enum_s += o.enumerate_s
+                verify_s += o.verify_s
+                saturation = o.saturation or saturation
+                known[o.index].update(o.verdicts)
+                for s, key in o.accepted:
+                    accepted.append((depth, o.index, s, key))
+                    found_at.setdefault(o.index, depth)
+                    best_depth = depth if best_depth is None else min(best_depth, depth)
+                if o.stopped and stop_reason == "exhausted":
+                    stop_reason = o.stopped
+            if bar is not None:
+                bar.update(len(alive))
+                bar.set_postfix(
+                    depth=depth, generated=counters.generated, pruned=sum(counters.pruned.values()),
+                    verified=stats["verified"], accepted=len(accepted),
+                )  # fmt: skip
+            if stop_reason != "exhausted":
+                break
+            if examined_total >= budget.max_candidates:
+                stop_reason = "candidates"
+                break
+            stats["depth"] = depth
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        if bar is not None:
+            bar.close()
+    seconds["enumerate"] = enum_s
+    seconds["verify_small"] = verify_s
+    stats["accepted"] = len(accepted)
+
+    # numbers: instantiate every accepted structure at full size, rank by the cost model
+    t0 = time.perf_counter()
+    instances: list[tuple[float, int, MuGraph, str]] = []
+    descriptions = []
+    name = lambda c: f"d{c}({problem.sizes[c]})"  # noqa: E731
+    for rank, (depth, task_index, s, key) in enumerate(accepted):
+        desc = s.describe(name)
+        descriptions.append(desc)
+        for g, c in _instances(problem, s, target, device, budget.numbers_per_structure):
+            meta = dict(g.meta)
+            meta.update(
+                structure=desc, cost=c.to_dict(), depth=depth, task=task_index,
+                name=program.meta.get("name", "region"),
+            )  # fmt: skip
+            instances.append((c.seconds, rank, MuGraph(g.ops, g.outputs, meta), key))
+    instances.sort(key=lambda x: (x[0], x[1], x[2].canonical_hash))
+    seconds["numbers"] = time.perf_counter() - t0
+    stats["instances"] = len(instances)
+
+    # confirm: full-size verification of the best
+    t0 = time.perf_counter()
+    kept, failed = _confirm(problem, instances, budget)
+    seconds["verify_full"] = time.perf_counter() - t0
+    stats["confirm_failed"] = failed
+    seconds["total"] = time.perf_counter() - t_all
+    stats["generated"] = counters.generated
+    stats["nodes"] = counters.nodes
+    stats["closed"] = counters.closed
+    stats["pruned"] = dict(sorted(counters.pruned.items()))
+    stats["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    stats["egraph"] = saturation
+    stats["shrunk"] = problem.shrunk
+    stats["small_sizes"] = {f"d{c}": s for c, s in problem.small.items()}
+    stats["sizes"] = {f"d{c}": s for c, s in problem.sizes.items()}
+    stats["budget"] = asdict(budget)
+    stats["workers"] = workers
+    if not kept and stop_reason == "exhausted":
+        stop_reason = "no-candidates"
+    message = _message(kept, stop_reason, descriptions)
+    return SearchResult(
+        tuple(kept), stop_reason, stats, tuple(dict.fromkeys(descriptions)), message,
+        program.canonical_hash,
+    )  # fmt: skip
+
+
+def _merge(into: Counters, c: Counters) -> None:
+    into.nodes += c.nodes
+    into.generated += c.generated
+    into.closed += c.closed
+    for k, v in c.pruned.items():
+        into.pruned[k] = into.pruned.get(k, 0) + v
+
+
+def _instances(problem: Problem, s: Structure, target: Target, device, keep: int):
+    """The `keep` cheapest valid full-size instances of structure `s`."""
+    scored = []
+    for nums in numbers_for(s, problem.sizes, max_blocks=target.max_blocks):
+        try:
+            g = instantiate(s, problem.program.input_avals, problem.sizes, nums)
+            validate(g, target)
+        except MuGraphError:
+            continue
+        c = cost_model.estimate(g, device)
+        scored.append((c.seconds, g.canonical_hash, g, c))
+    scored.sort(key=lambda x: (x[0], x[1]))
+    return [(g, c) for _, _, g, c in scored[:keep]]
+
+
+def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph], int]:
+    import fields
+
+    kept: list[MuGraph] = []
+    failed = 0
+    bad_keys: set[str] = set()
+    for _, _, g, key in instances:
+        if len(kept) >= budget.results:
+            break
+        if key in bad_keys:
+            continue
+        meta = dict(g.meta)
+        if len([k for k in kept if k.meta.get("verified") == "full"]) < budget.confirm:
+            v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
+            if not v:
+                failed += 1
+                bad_keys.add(key)
+                continue
+            meta.update(verified="full", bound=v.bound, trials=v.trials)
+        else:
+            meta.update(verified="representative")
+        kept.append(MuGraph(g.ops, g.outputs, meta))
+    return kept, failed
+
+
+def _message(kept, stop_reason: str, descriptions) -> str:
+    if kept:
+        head = f"{len(kept)} verified µGraph(s) from {len(set(descriptions))} structure(s)"
+        return head + ("" if stop_reason == "exhausted" else f"; stopped early ({stop_reason})")
+    if stop_reason == "no-candidates":
+        return (
+            "no µGraph found: the search space was exhausted without a verified candidate; "
+            "run this region as XLA"
+        )
+    return f"no µGraph found before the {stop_reason} budget ran out; run this region as XLA"
+
+
+def _progress_bar(progress: bool | None, total: int):
+    if progress is None:
+        progress = sys.stderr.isatty() and not os.environ.get("CI")
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="µGraph search", unit="task", file=sys.stderr, leave=False)

@@ -1,0 +1,640 @@
+"""Block-level enumeration: block ops in canonical order, each checked before it is built.
+
+Inside one graph-defined kernel with a fixed mapping class, a depth-first search adds block
+ops from the region's vocabulary. A candidate op `(name, args, params)` is kept only if, in
+this order (cheapest first):
+
+1. canonical order: its key (args sorted descending, op rank, params) is greater than the
+   previous op's, so every set of ops is generated in one order only (as Mirage's `Order`);
+2. dead ends: the tensors still unused cannot all be consumed in the remaining depth;
+3. labels and shapes: logical dimensions agree (a matmul contracts equal dimensions,
+   elementwise ops align equal dimensions) and the mugraph shape rule accepts the tiles;
+4. linearity ("partial"): a tile that is a partial sum over the loop (or over a split grid
+   dimension) may only be scaled, added to another partial sum of the same kind, or
+   accumulated: exp, sqrt, +const or a product of two partial sums would be summed wrongly;
+   means and norms need full rows; accumulators must complete exactly the loop's sum;
+5. abstract expression: the op's expression must be a subexpression of a target
+   (`Targets.contains`, an e-graph lookup, memoised).
+
+A graph closes when every unused tensor is accumulated and they equal the targets (final
+kernels; an e-graph equality) or are partial sums over the split dimension (the first kernel
+of a split-K pair). Closed graphs are handed to the verifier by the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mirage_jax.mugraph.ops import OPS, ShapeError
+from mirage_jax.search import expr as E
+from mirage_jax.search.structure import KTensor, MappingClass, is_stack
+
+# Op rank for the canonical order; also the vocabulary's iteration order.
+RANK = {
+    name: i
+    for i, name in enumerate(
+        (
+            "matmul", "concat_matmul", "mul", "div", "add", "sub", "exp", "square", "sqrt",
+            "sigmoid", "silu", "mul_scalar", "add_scalar", "reduce_sum", "reduce_max",
+            "rms_norm", "accum_sum", "accum_sum_last", "accum_mean_last", "accum_rms_last",
+            "accum_sum_todimx", "accum_max", "accum_rescale_sum", "accum_rescale_sum_last",
+        )
+    )
+}  # fmt: skip
+COMMUTATIVE = frozenset({"mul", "add"})
+NONLINEAR_UNARY = frozenset({"exp", "square", "sqrt", "sigmoid", "silu", "add_scalar"})
+ACCUMULATORS = frozenset(n for n in RANK if n.startswith("accum_"))
+
+
+@dataclass(frozen=True)
+class BT:
+    """A block tensor during enumeration (tile shape at the representative sizes)."""
+
+    term: tuple
+    tile: tuple[int, ...]
+    labels: tuple
+    post: bool
+    partial: frozenset = frozenset()
+    shift: bool = False  # a softmax shift value (a max)
+    transfer: bool = False  # accum_sum without a loop: only an output may be one
+    shifted: int | None = None  # the per-iteration shift this tile was computed with
+    varies: frozenset = frozenset()  # for a shift: dimensions its max is partial over
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The block ops (with params) to try, derived from the region's own ops."""
+
+    unary: tuple[tuple[str, tuple], ...]
+    binary: tuple[str, ...]
+    reduce_dims: bool
+    shifts: bool
+    accumulators: tuple[tuple[str, tuple], ...]
+    concat_matmul: bool
+    matmul: bool
+
+    @property
+    def max_arity(self) -> int:
+        if self.concat_matmul:
+            return 4
+        return 3 if self.shifts else 2
+
+
+@dataclass
+class Counters:
+    """What the enumeration did (merged into the search statistics)."""
+
+    nodes: int = 0
+    generated: int = 0
+    closed: int = 0
+    pruned: dict[str, int] = field(default_factory=dict)
+
+    def prune(self, why: str) -> None:
+        self.pruned[why] = self.pruned.get(why, 0) + 1
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What closes a kernel: `targets` (indices) to equal, or partial sums over `split`."""
+
+    targets: tuple[int, ...] = ()
+    split: int | None = None
+    max_outputs: int = 2
+    output_labels: tuple = ()
+
+
+@dataclass(frozen=True)
+class Closed:
+    """A closed block graph: ops (name, args, params), outputs (tensor, omap), their tensors."""
+
+    ops: tuple
+    outputs: tuple
+    tensors: tuple[BT, ...]
+
+
+class BlockEnumerator:
+    """Depth-first enumeration of block graphs for one kernel and one mapping class.
+
+    Arguments:
+        inputs: the kernel's input tensors.
+        mapping: the mapping class (grid dimensions, loop dimension, split dimensions).
+        small: size of every logical dimension at the representative.
+        rep_grid: the representative's grid size per grid dimension (2 where it divides).
+        vocab: the ops to try.
+        targets: the saturated targets (subexpression and equality lookups).
+        goal: what closes a graph.
+        counters: statistics to update.
+        should_stop: polled between nodes (budgets).
+    """
+
+    def __init__(
+        self,
+        inputs: Sequence[KTensor],
+        mapping: MappingClass,
+        small: dict[int, int],
+        rep_grid: dict[int, int],
+        rep_loop: int,
+        vocab: Vocabulary,
+        targets: E.Targets,
+        goal: Goal,
+        counters: Counters,
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
+        self.mapping = mapping
+        self.small = small
+        self.rep_grid = rep_grid
+        self.rep_loop = rep_loop
+        self.vocab = vocab
+        self.targets = targets
+        self.goal = goal
+        self.c = counters
+        self.should_stop = should_stop
+        self.loop = mapping.loop
+        self.pclasses = frozenset(mapping.split) | ({mapping.loop} - {None})
+        self.inputs = [self._input(t) for t in inputs]
+        self.n_out = len(goal.targets) if goal.split is None else None
+
+    # ------------------------------------------------------------------ inputs
+    def _input(self, t: KTensor) -> BT:
+        tile = []
+        for lab in t.labels:
+            if lab is None:
+                tile.append(1)
+            elif is_stack(lab):
+                _, base, split = lab
+                tile.append((1 if base is None else self.small[base]) * self.rep_grid.get(split, 2))
+            else:
+                n = self.small[lab]
+                if lab in self.mapping.grid:
+                    n //= self.rep_grid[lab]
+                if lab == self.mapping.loop:
+                    n //= self.rep_loop
+                tile.append(n)
+        return BT(t.term, tuple(tile), tuple(t.labels), False, frozenset(t.partial))
+
+    # ------------------------------------------------------------------ search
+    def run(self, max_ops: int) -> Iterator[Closed]:
+        """Every closable graph with at most `max_ops` block ops (canonical order)."""
+        tensors = list(self.inputs)
+        uses = [0] * len(tensors)
+        self._pairs: list[tuple[int, int, BT]] = []  # valid matmul operand pairs on the path
+        pending: list[tuple] = []
+        for n in range(len(tensors)):
+            pending += self._new_candidates(tensors, n)
+        pending.sort(key=lambda c: c[0])
+        yield from self._dfs(tensors, uses, [], pending, max_ops)
+
+    def _dfs(self, tensors, uses, ops, pending, max_ops) -> Iterator[Closed]:
+        """`pending`: checked candidates (key, name, args, params, tensor), sorted by key."""
+        self.c.nodes += 1
+        closed = self._try_close(tensors, uses, ops)
+        if closed is not None:
+            yield closed
+            return
+        remaining = max_ops - len(ops)
+        if remaining <= 0:
+            return
+        unused = sum(1 for u in uses if u == 0)
+        if unused - (self.n_out or 1) > remaining * (self.vocab.max_arity - 1):
+            self.c.prune("dead end")
+            return
+        n = len(tensors)
+        n_pairs = len(self._pairs)
+        for idx, (_, name, args, params, bt) in enumerate(pending):
+            if self.should_stop():
+                return
+            tensors.append(bt)
+            uses.append(0)
+            for a in args:
+                uses[a] += 1
+            ops.append((name, args, params))
+            child = pending[idx + 1 :] + self._new_candidates(tensors, n)
+            yield from self._dfs(tensors, uses, ops, child, max_ops)
+            del self._pairs[n_pairs:]
+            ops.pop()
+            for a in args:
+                uses[a] -= 1
+            uses.pop()
+            tensors.pop()
+
+    def _new_candidates(self, tensors, top: int) -> list[tuple]:
+        """Checked candidates whose largest argument is tensor `top`, sorted by key."""
+        out: list[tuple] = []
+        v = self.vocab
+        t = tensors[top]
+
+        def push(name, args, params=()):
+            self.c.generated += 1
+            got = self._apply(name, args, params, tensors)
+            if isinstance(got, str):
+                self.c.prune(got)
+                return got
+            if not self.targets.contains(got.term):
+                self.c.prune("expression")
+                return "expression"
+            key = (tuple(sorted(args, reverse=True)), RANK[name], params)
+            out.append((key, name, args, params, got))
+            return got
+
+        if not t.transfer:
+            for name, params in v.unary:
+                if name == "rms_norm" or not t.shift:
+                    push(name, (top,), params)
+            if v.reduce_dims and not t.shift:
+                for d, lab in enumerate(t.labels):
+                    if lab is not None and t.tile[d] > 1:
+                        push("reduce_sum", (top,), (("dim", d),))
+                        if v.shifts:
+                            push("reduce_max", (top,), (("dim", d),))
+            if not t.post:
+                for name, params in v.accumulators:
+                    if name == "accum_sum_todimx":
+                        lab = t.labels[-1] if t.labels else None
+                        if not is_stack(lab) or lab[1] is None:
+                            continue
+                        params = (("dimx", ("size", lab[1])),)
+                    push(name, (top,), params)
+            for other in range(top + 1):
+                o = tensors[other]
+                if o.post != t.post or o.transfer:
+                    continue
+                for name in v.binary:
+                    if name in COMMUTATIVE:
+                        push(name, (top, other))
+                    else:
+                        push(name, (top, other))
+                        if other != top:
+                            push(name, (other, top))
+                if v.matmul:
+                    for args in ((top, other), (other, top)) if other != top else ((top, top),):
+                        got = push("matmul", args)
+                        if v.concat_matmul and not isinstance(got, str):
+                            self._pairs.append((*args, got))
+                        elif v.concat_matmul and got == "expression":
+                            bt = self._apply("matmul", args, (), tensors)
+                            self._pairs.append((*args, bt))
+            if v.concat_matmul:
+                self._concat_candidates(top, push)
+            if v.shifts:
+                self._rescale_candidates(tensors, top, push)
+        out.sort(key=lambda c: c[0])
+        return out
+
+    def _rescale_candidates(self, tensors, top, push) -> None:
+        # accum_rescale_sum(x, m, M): M = accum_max(m); x computed with shift m.
+        for i, big in enumerate(tensors):
+            if not (big.shift and big.post):
+                continue
+            for j, m in enumerate(tensors):
+                if not m.shift or m.post:
+                    continue
+                for x in range(len(tensors)):
+                    if tensors[x].shifted != j or max(x, j, i) != top:
+                        continue
+                    push("accum_rescale_sum", (x, j, i))
+                    push("accum_rescale_sum_last", (x, j, i))
+
+    def _concat_candidates(self, top, push) -> None:
+        # concat_matmul(a, b, c, d) = a@c + b@d: two valid matmul pairs, one of them new.
+        pairs = self._pairs
+        for i, (a, c, ac) in enumerate(pairs):
+            for b, d, bd in pairs[i + 1 :]:
+                if max(a, b, c, d) != top or {a, c} == {b, d}:
+                    continue
+                if ac.labels != bd.labels or ac.post or bd.post:
+                    continue
+                push("concat_matmul", (a, b, c, d))
+                push("concat_matmul", (b, a, d, c))
+
+    # ------------------------------------------------------------------ op rules
+    def _apply(self, name: str, args: tuple, params: tuple, tensors) -> BT | str:
+        ts = [tensors[a] for a in args]
+        spec = OPS[name]
+        if spec.kind == "accum":
+            return self._accumulate(name, args, ts, dict(params))
+        if any(t.post != ts[0].post for t in ts):
+            return "loop/post mix"
+        if any(t.transfer for t in ts):
+            return "canonical"
+        if name not in ("sub",) and any(t.shift for t in ts):
+            return "shift misuse"
+        try:
+            tile = tuple(spec.shape([t.tile for t in ts], dict(params)))
+        except ShapeError:
+            return "shape"
+        post = ts[0].post
+        if name == "matmul":
+            return self._matmul(ts[0], ts[1], tile, post)
+        if name == "concat_matmul":
+            ac = self._matmul(ts[0], ts[2], tile, post)
+            bd = self._matmul(ts[1], ts[3], tile, post)
+            if isinstance(ac, str) or isinstance(bd, str):
+                return ac if isinstance(ac, str) else bd
+            if ac.partial != bd.partial:
+                return "partial"
+            return replace(ac, term=E.add(ac.term, bd.term))
+        if spec.arity == 1:
+            return self._unary(name, ts[0], tile, dict(params))
+        got = self._binary(name, ts[0], ts[1], tile)
+        if not isinstance(got, str) and got.shifted == -1:
+            got = replace(got, shifted=args[1])
+        return got
+
+    def _depends(self, t: BT) -> frozenset:
+        return t.partial | frozenset(lab for lab in t.labels if lab in self.pclasses) | t.varies
+
+    def _merge_labels(self, a: BT, b: BT):
+        out = []
+        for la, lb, na, nb in zip(a.labels, b.labels, a.tile, b.tile):
+            if la is not None and lb is not None and la != lb:
+                return None
+            out.append(la if la is not None else lb)
+            if na != nb and min(na, nb) != 1:
+                return None
+        return tuple(out)
+
+    def _matmul(self, a: BT, b: BT, tile, post) -> BT | str:
+        if len(a.labels) != len(b.labels):
+            return "shape"
+        k = a.labels[-1]
+        if k != b.labels[-2] or is_stack(k):
+            return "labels"
+        batch = self._merge_labels(
+            replace(a, labels=a.labels[:-2], tile=a.tile[:-2]),
+            replace(b, labels=b.labels[:-2], tile=b.tile[:-2]),
+        )
+        if batch is None:
+            return "labels"
+        if a.partial and b.partial:
+            return "partial"
+        if a.partial & self._depends(b) or b.partial & self._depends(a):
+            return "partial"
+        if a.shifted is not None and b.shifted is not None and a.shifted != b.shifted:
+            return "shift misuse"
+        partial = a.partial | b.partial | ({k} & self.pclasses)
+        labels = (*batch, a.labels[-2], b.labels[-1])
+        term = E.red(k, E.mul(a.term, b.term))
+        shifted = a.shifted if a.shifted is not None else b.shifted
+        return BT(term, tile, labels, post, frozenset(partial), shifted=shifted)
+
+    def _unary(self, name, x: BT, tile, params) -> BT | str:
+        if name in NONLINEAR_UNARY and x.partial:
+            return "partial"
+        t = x.term
+        if name == "exp":
+            term = E.exp(t)
+        elif name == "square":
+            term = E.mul(t, t)
+        elif name == "sqrt":
+            term = E.fn("sqrt", t)
+        elif name == "sigmoid":
+            term = E.fn("logistic", t)
+        elif name == "silu":
+            term = E.mul(t, E.fn("logistic", t))
+        elif name == "mul_scalar":
+            term = E.mul(t, E.const(params["scalar"]))
+        elif name == "add_scalar":
+            term = E.add(t, E.const(params["scalar"]))
+        elif name == "rms_norm":
+            lab = x.labels[-1]
+            if x.partial or lab is None or lab in self.pclasses or is_stack(lab):
+                return "partial"
+            term = E.div(t, E.rms(lab, t, params.get("eps")))
+        elif name in ("reduce_sum", "reduce_max"):
+            d = params["dim"]
+            lab = x.labels[d]
+            if is_stack(lab):
+                return "labels"
+            labels = (*x.labels[:d], None, *x.labels[d + 1 :])
+            if name == "reduce_max":
+                if x.partial or x.shifted is not None:
+                    return "partial"
+                varies = frozenset({lab} & self.pclasses) | x.varies
+                return BT(E.shift(lab, t), tile, labels, x.post, shift=True, varies=varies)
+            partial = x.partial | ({lab} & self.pclasses)
+            return BT(E.red(lab, t), tile, labels, x.post, frozenset(partial), shifted=x.shifted)
+        else:
+            return "vocabulary"
+        return BT(term, tile, x.labels, x.post, x.partial, shifted=x.shifted)
+
+    def _binary(self, name, a: BT, b: BT, tile) -> BT | str:
+        if b.shift:  # only x - m, with m a shift of x's rows
+            if name != "sub" or a.partial or a.shift:
+                return "shift misuse"
+            labels = self._merge_labels(a, b)
+            if labels is None:
+                return "labels"
+            if a.shifted is not None:
+                return "shift misuse"
+            shifted = None
+            if b.varies:
+                shifted = -1  # filled by the caller: the index of b
+            return BT(E.sub(a.term, b.term), tile, labels, a.post, shifted=shifted)
+        labels = self._merge_labels(a, b)
+        if labels is None:
+            return "labels"
+        if a.shifted != b.shifted and a.shifted is not None and b.shifted is not None:
+            return "shift misuse"
+        shifted = a.shifted if a.shifted is not None else b.shifted
+        if name in ("add", "sub"):
+            if a.partial != b.partial:
+                return "partial"
+            term = E.add(a.term, b.term) if name == "add" else E.sub(a.term, b.term)
+            return BT(term, tile, labels, a.post, a.partial, shifted=shifted)
+        if name == "mul":
+            if a.partial and b.partial:
+                return "partial"
+            if a.partial & self._depends(b) or b.partial & self._depends(a):
+                return "partial"
+            return BT(
+                E.mul(a.term, b.term), tile, labels, a.post, a.partial | b.partial, shifted=shifted
+            )
+        if name == "div":
+            if b.partial or a.partial & self._depends(b):
+                return "partial"
+            return BT(E.div(a.term, b.term), tile, labels, a.post, a.partial, shifted=shifted)
+        return "vocabulary"
+
+    def _accumulate(self, name, args, ts, params) -> BT | str:
+        x = ts[0]
+        if x.post or x.transfer or (x.shift and name != "accum_max"):
+            return "accumulator"
+        L = self.loop
+        if name == "accum_max":
+            if not x.shift:
+                return "accumulator"
+            return BT(x.term, x.tile, x.labels, True, shift=True, varies=x.varies - {L})
+        if name.startswith("accum_rescale"):
+            if x.shifted != args[1] or not ts[2].post or not ts[2].shift:
+                return "accumulator"
+            x = replace(x, shifted=None)
+            name = "accum_sum" if name == "accum_rescale_sum" else "accum_sum_last"
+        elif x.shifted is not None:
+            return "needs rescale"
+        if name == "accum_sum":
+            if L is not None:
+                if L not in x.partial or L in x.labels:
+                    return "accumulator"
+                return BT(x.term, x.tile, x.labels, True, x.partial - {L})
+            return BT(x.term, x.tile, x.labels, True, x.partial, transfer=True)
+        lab = x.labels[-1]
+        tile = (*x.tile[:-1], 1)
+        labels = (*x.labels[:-1], None)
+        if name == "accum_sum_todimx":
+            if not is_stack(lab) or lab[1] is None:
+                return "accumulator"
+            _, base, split = lab
+            tile = (*x.tile[:-1], self.small[base])
+            return BT(E.red(split, x.term), tile, (*x.labels[:-1], base), True, x.partial - {split})
+        if is_stack(lab):
+            if lab[1] is not None or name != "accum_sum_last":
+                return "accumulator"
+            return BT(E.red(lab[2], x.term), tile, labels, True, x.partial - {lab[2]})
+        if lab is None:
+            return "accumulator"
+        if L is not None and lab != L and L not in x.partial:
+            return "accumulator"  # the loop must be summed by this accumulator
+        if L is not None and lab == L and L in x.partial:
+            return "accumulator"
+        partial = (x.partial - {L}) | ({lab} & frozenset(self.mapping.split))
+        if name == "accum_sum_last":
+            return BT(E.red(lab, x.term), tile, labels, True, partial)
+        if partial or lab in self.mapping.split or x.partial:
+            return "partial"
+        if name == "accum_mean_last":
+            return BT(E.mean(lab, x.term), tile, labels, True)
+        if name == "accum_rms_last":
+            return BT(E.rms(lab, x.term, params.get("eps")), tile, labels, True)
+        return "vocabulary"
+
+    # ------------------------------------------------------------------ closing
+    def _try_close(self, tensors, uses, ops) -> Closed | None:
+        if not ops:
+            return None
+        n_in = len(self.inputs)
+        if any(uses[i] == 0 for i in range(n_in)):
+            return None
+        dangling = [i for i in range(n_in, len(tensors)) if uses[i] == 0]
+        goal = self.goal
+        if not dangling or any(not tensors[i].post or tensors[i].shift for i in dangling):
+            return None
+        if goal.split is None:
+            if len(dangling) != len(goal.targets):
+                return None
+            order = self._match_targets(tensors, dangling)
+            if order is None:
+                return None
+            dangling = order
+        else:
+            if len(dangling) > goal.max_outputs:
+                return None
+            if any(tensors[i].partial != frozenset({goal.split}) for i in dangling):
+                return None
+        outputs = []
+        for i in dangling:
+            omap = self._omap(tensors[i])
+            if omap is None:
+                self.c.prune("omap")
+                return None
+            outputs.append((i, omap))
+        self.c.closed += 1
+        return Closed(tuple(ops), tuple(outputs), tuple(tensors))
+
+    def _match_targets(self, tensors, dangling) -> list[int] | None:
+        order = []
+        left = list(dangling)
+        for j, target in enumerate(self.goal.targets):
+            want = self.goal.output_labels[j] if self.goal.output_labels else None
+            for i in left:
+                t = tensors[i]
+                if want is not None and tuple(t.labels) != tuple(want):
+                    continue
+                if t.partial or not self.targets.equals(t.term, target):
+                    continue
+                order.append(i)
+                left.remove(i)
+                break
+            else:
+                self.c.prune("not the target")
+                return None
+        return order
+
+    def _omap(self, t: BT) -> tuple | None:
+        omap = []
+        for c in self.mapping.grid:
+            if c in self.mapping.split:
+                ax = len(t.labels) - 1
+            else:
+                ax = next((d for d, lab in enumerate(t.labels) if lab == c), None)
+                if ax is None:
+                    return None
+            if ax in omap:
+                return None
+            omap.append(ax)
+        return tuple(omap)
+
+
+def output_tensor(t: BT, mapping: MappingClass, ref, omap) -> KTensor:
+    """The kernel tensor a closed block output becomes (split outputs are stacked)."""
+    labels = list(t.labels)
+    for c, ax in zip(mapping.grid, omap):
+        if c in mapping.split:
+            labels[ax] = ("stack", labels[ax], c)
+    return KTensor(ref, t.term, tuple(labels), "", frozenset(t.partial))
+
+
+def build_vocabulary(
+    program: Any, scalars: dict[str, list[float]], combine: bool = False
+) -> Vocabulary:
+    """The block-op vocabulary of a region: the ops its own ops suggest."""
+    ops = set(program.op_counts())
+    unary: list[tuple[str, tuple]] = []
+    has_square = any(
+        (n.op == "mul" and n.args[0] == n.args[1]) or (n.op == "integer_pow" and n.param("y") == 2)
+        for _, n in program.ops()
+    )
+    if "exp" in ops:
+        unary.append(("exp", ()))
+    if has_square:
+        unary.append(("square", ()))
+    if "sqrt" in ops:
+        unary.append(("sqrt", ()))
+    if "logistic" in ops:
+        unary += [("sigmoid", ()), ("silu", ())]
+    for s in scalars["mul"]:
+        unary.append(("mul_scalar", (("scalar", s),)))
+    for s in scalars["add"]:
+        unary.append(("add_scalar", (("scalar", s),)))
+    eps_values = [None] + [s for s in scalars["add"] if 0 < s < 1e-2]
+    if "sqrt" in ops and has_square and "reduce_sum" in ops:
+        for eps in eps_values:
+            unary.append(("rms_norm", (("eps", eps),) if eps else ()))
+    binary = tuple(
+        b for b in ("mul", "div", "add", "sub") if b in ops or (b == "sub" and "neg" in ops)
+    )
+    accs: list[tuple[str, tuple]] = [("accum_sum", ())]
+    if "reduce_sum" in ops or "matmul" in ops:
+        accs.append(("accum_sum_last", ()))
+    if "reduce_sum" in ops and "div" in ops:
+        accs.append(("accum_mean_last", ()))
+    if "sqrt" in ops and has_square:
+        for eps in eps_values:
+            accs.append(("accum_rms_last", (("eps", eps),) if eps else ()))
+    shifts = "reduce_max" in ops
+    if shifts:
+        accs += [("accum_max", ())]
+    if combine:
+        accs = [("accum_sum", ()), ("accum_sum_last", ()), ("accum_sum_todimx", ())]
+    return Vocabulary(
+        unary=tuple(unary),
+        binary=binary,
+        reduce_dims="reduce_sum" in ops,
+        shifts=shifts,
+        accumulators=tuple(accs),
+        concat_matmul="matmul" in ops
+        and "add" in ops
+        and program.op_counts().get("matmul", 0) >= 2,
+        matmul="matmul" in ops,
+    )

@@ -1,0 +1,108 @@
+"""Mapping classes of a kernel and the numbers of a structure: grids, loop ranges, limits.
+
+A mapping class names, per grid axis, the logical dimension it splits, and the dimension the
+for-loop walks. It fixes every input's imap and forloop_dim (an input splits along a grid
+axis exactly where it has that dimension, and is replicated where it has none) and every
+output's omap (the axis of the same dimension; a split reduction stacks its partial results
+along the last axis). Grid axes come from the dimensions of the outputs (and at most one
+reduction dimension, split-K); the loop walks one reduced dimension or none. Grid axes are
+listed in one canonical order, so no mapping is generated twice.
+
+Numbers (`numbers_for`) are enumerated per structure at full size: grid sizes from the
+divisors of each dimension whose tile is a power of two (Pallas pads other tiles), loop
+ranges from powers of two that divide what a block walks, within the target's block limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+from mirage_jax.search.structure import MappingClass, Numbers, Structure
+
+LOOP_RANGES = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_GRID_AXES = 3
+
+
+def mapping_classes(
+    parallel: Sequence[int],
+    reduced: Sequence[int],
+    sizes: Mapping[int, int],
+    small: Mapping[int, int],
+    *,
+    split: bool = True,
+    loop: bool = True,
+) -> list[MappingClass]:
+    """Every mapping class of a kernel, most promising first.
+
+    Arguments:
+        parallel: dimensions of the kernel's outputs, in output-axis order.
+        reduced: dimensions the kernel reduces over (loop and split-K candidates).
+        sizes, small: full and representative size of every dimension.
+        split: also generate split-K classes (one reduced dimension split across the grid).
+        loop: also generate classes with a for-loop.
+    """
+    par = [c for c in parallel if sizes[c] >= 2 and small[c] % 2 == 0]
+    red = [c for c in reduced if sizes[c] >= 4 and small[c] % 4 == 0]
+    out: list[tuple[tuple, MappingClass]] = []
+    for n in range(0, min(len(par), MAX_GRID_AXES) + 1):
+        for grid in itertools.combinations(par, n):
+            for s in [None, *(red if split else [])]:
+                g = grid if s is None else (*grid, s)
+                if len(g) > MAX_GRID_AXES or (s is not None and not grid):
+                    continue
+                for lp in [None, *(red if loop else [])]:
+                    m = MappingClass(tuple(g), lp, frozenset() if s is None else frozenset({s}))
+                    # promise: a loop over the largest reduction, many parallel blocks, no split
+                    key = (
+                        lp is None,
+                        s is not None,
+                        -sum(math.log2(sizes[c]) for c in grid),
+                        -(sizes[lp] if lp is not None else 0),
+                    )
+                    out.append((key, m))
+    out.sort(key=lambda km: km[0])
+    return [m for _, m in out]
+
+
+def _grid_choices(size: int, max_blocks: int) -> list[int]:
+    """Grid sizes g >= 2 dividing `size` whose tile size/g is a power of two.
+
+    Size 1 is left out: the mapping class without that grid axis is the same µGraph.
+    """
+    out = set()
+    for g in range(2, min(size, max_blocks) + 1):
+        if size % g == 0 and (size // g) & (size // g - 1) == 0:
+            out.add(g)
+    return sorted(out)
+
+
+def numbers_for(
+    s: Structure, sizes: Mapping[int, int], *, max_blocks: int = 4096, limit: int = 20000
+) -> Iterator[Numbers]:
+    """Candidate numbers for structure `s` at `sizes` (at most `limit`)."""
+    per_kernel: list[list[tuple[tuple[int, ...], int]]] = []
+    for spec in s.kernels:
+        if spec.predefined:
+            continue
+        m = spec.mapping
+        axis_choices = [_grid_choices(sizes[c], max_blocks) for c in m.grid]
+        options = []
+        for grid in itertools.product(*axis_choices):
+            if math.prod(grid) > max_blocks:
+                continue
+            loops = [1]
+            if m.loop is not None:
+                walk = sizes[m.loop]
+                for c, g in zip(m.grid, grid):
+                    if c == m.loop:
+                        walk //= g
+                loops = [f for f in LOOP_RANGES[1:] if walk % f == 0]
+            for f in loops:
+                options.append((tuple(grid), f))
+        per_kernel.append(options)
+    for n, combo in enumerate(itertools.product(*per_kernel)):
+        if n >= limit:
+            return
+        yield Numbers(tuple(g for g, _ in combo), tuple(f for _, f in combo))
