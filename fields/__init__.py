@@ -1,11 +1,11 @@
 """fields: exact probabilistic equivalence checking over Z_p × Z_q (Schwartz–Zippel, with exp)."""
 
 from fields.algebra import FieldAlgebra as FieldAlgebra
+from fields.array import FieldArray as FieldArray
 from fields.degree import DegreeAlgebra as DegreeAlgebra
 from fields.degree import DegreeReport as DegreeReport
 from fields.degree import degree_bound as degree_bound
 from fields.numbers import Field as Field
-from fields.numbers import FieldArray as FieldArray
 from fields.numbers import FieldSemanticsError as FieldSemanticsError
 from fields.numbers import VoidTrial as VoidTrial
 from fields.numbers import default_field as default_field

@@ -3,11 +3,12 @@
 One instance is one trial: it carries the key of the uninterpreted functions (so both programs
 of a verification see the same random sqrt, logistic, tanh, erf) and the RNG of the softmax
 shifts (so each program's shifts are independent draws, and only shift-invariant results
-agree). Semantics per op:
+agree). Values are `FieldArray`s whose components are computed on demand (`fields.array`).
+Semantics per op:
 
 - add, sub, mul, neg: componentwise in Z_p and Z_q. div: multiply by the inverse; a zero
-  p-denominator, or a zero q-denominator where q is valid, makes the trial void (`VoidTrial`).
-  Division of integer dtypes truncates in JAX and has no field meaning.
+  denominator, in the p-component or in a q-component that is needed, makes the trial void
+  (`VoidTrial`). Division of integer dtypes truncates in JAX and has no field meaning.
 - exp(x) = (ω^(x.q) mod p, invalid q): exponents add mod q, so exp(x+y) = exp(x)·exp(y).
 - sqrt, logistic, tanh, erf: a keyed random function of the p-residue (fresh residues in both
   components), shared by both programs of a trial.
@@ -22,22 +23,20 @@ agree). Semantics per op:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from fields.array import Cell, FieldArray, p_cell, q_cell, raw_p_cell
 from fields.numbers import (
     Field,
-    FieldArray,
     FieldSemanticsError,
-    _Lazy,
     add_mod,
     default_field,
     exp_mod,
     inv_mod,
     keyed_hash,
-    lazy,
     matmul_mod,
     mul_mod,
     neg_mod,
@@ -47,14 +46,20 @@ from fields.numbers import (
     sub_mod,
     to_residues,
 )
+from lax_ir.ops import broadcast_shapes, matmul_shape
 
 UNINTERPRETED = ("sqrt", "logistic", "tanh", "erf")
 
+Mod = Callable[..., np.ndarray]
+
 
 def _kind(dtype: str) -> str:
-    if dtype == "bfloat16":
-        return "f"
-    return np.dtype(dtype).kind
+    return "f" if dtype == "bfloat16" else np.dtype(dtype).kind
+
+
+def _reduced(shape: tuple[int, ...], axes: Sequence[int]) -> tuple[int, ...]:
+    drop = {ax % len(shape) for ax in axes}
+    return tuple(d for i, d in enumerate(shape) if i not in drop)
 
 
 class FieldAlgebra:
@@ -77,46 +82,54 @@ class FieldAlgebra:
         self.key = int(key)
         self.rng = rng if rng is not None else np.random.default_rng(self.key & (2**63 - 1))
 
+    def _map(
+        self, fn: Mod, xs: Sequence[FieldArray], shape: tuple[int, ...], dtype: str
+    ) -> FieldArray:
+        """fn(*residues, modulus) on both components, on demand."""
+        f = self.field
+        return FieldArray(
+            p_cell(lambda *v: fn(*v, f.p), *xs),
+            q_cell(lambda *v: fn(*v, f.q), *xs),
+            dtype,
+            shape=shape,
+        )
+
     # ---- leaves
     def constant(self, value: np.ndarray, dtype: str) -> FieldArray:
         f = self.field
         arr = np.asarray(value)
-        p = to_residues(arr, f.p)
-        return FieldArray(p, _Lazy(lambda: to_residues(arr, f.q)), dtype)
+        p = Cell(value=to_residues(arr, f.p))  # eager: inf/nan raise where the constant is
+        return FieldArray(p, Cell(lambda: to_residues(arr, f.q)), dtype, shape=arr.shape)
 
     # ---- elementwise
-    def _binary(self, a: FieldArray, b: FieldArray, fn: Any) -> FieldArray:
-        f = self.field
-        return FieldArray(fn(a.p, b.p, f.p), lazy(lambda x, y: fn(x, y, f.q), a, b), a.dtype)
+    def _binary(self, fn: Mod, a: FieldArray, b: FieldArray) -> FieldArray:
+        return self._map(fn, (a, b), broadcast_shapes(a.shape, b.shape), a.dtype)
 
     def add(self, a: FieldArray, b: FieldArray) -> FieldArray:
-        return self._binary(a, b, add_mod)
+        return self._binary(add_mod, a, b)
 
     def sub(self, a: FieldArray, b: FieldArray) -> FieldArray:
-        return self._binary(a, b, sub_mod)
+        return self._binary(sub_mod, a, b)
 
     def mul(self, a: FieldArray, b: FieldArray) -> FieldArray:
-        return self._binary(a, b, mul_mod)
+        return self._binary(mul_mod, a, b)
 
     def div(self, a: FieldArray, b: FieldArray) -> FieldArray:
         if _kind(a.dtype) in "iub" or _kind(b.dtype) in "iub":
             raise FieldSemanticsError(
-                f"div of {a.dtype} by {b.dtype}: integer division truncates and has no field meaning"
+                f"div of {a.dtype} by {b.dtype}: integer division truncates and has no "
+                "field meaning"
             )
-        f = self.field
-        p = mul_mod(a.p, inv_mod(b.p, f.p), f.p)
-        # The q-denominator is checked (VoidTrial) when the quotient's q is needed, if ever.
-        q = lazy(lambda x, y: mul_mod(x, inv_mod(y, f.q), f.q), a, b)
-        return FieldArray(p, q, a.dtype)
+        return self._binary(lambda x, y, m: mul_mod(x, inv_mod(y, m), m), a, b)
 
     def neg(self, a: FieldArray) -> FieldArray:
-        f = self.field
-        return FieldArray(neg_mod(a.p, f.p), lazy(lambda x: neg_mod(x, f.q), a), a.dtype)
+        return self._map(neg_mod, (a,), a.shape, a.dtype)
 
     def exp(self, a: FieldArray) -> FieldArray:
         if not a.q_valid:
             raise FieldSemanticsError("exp nested inside exp has no field meaning")
-        return FieldArray(exp_mod(a.q, self.field), None, a.dtype)
+        f = self.field
+        return FieldArray(Cell(lambda: exp_mod(a.q, f), (a._qc,)), None, a.dtype, shape=a.shape)  # type: ignore[arg-type]
 
     def _name_key(self, name: str) -> int:
         tag = zlib.crc32(name.encode())
@@ -127,21 +140,17 @@ class FieldAlgebra:
             raise FieldSemanticsError(f"unary op {name!r} has no field meaning")
         f = self.field
         k = self._name_key(name)
-        x = a.p
-        p = keyed_hash(x, k, f.p)
-        q = _Lazy(lambda: keyed_hash(x, k ^ 0x5BD1E995, f.q))
-        return FieldArray(p, q, a.dtype)
+        p = Cell(lambda: keyed_hash(a.p, k, f.p), (a._pc,))
+        q = Cell(lambda: keyed_hash(a.p, k ^ 0x5BD1E995, f.q), (a._pc,))
+        return FieldArray(p, q, a.dtype, shape=a.shape)
 
     def integer_pow(self, a: FieldArray, y: int) -> FieldArray:
-        f = self.field
         y = int(y)
 
         def power(x: np.ndarray, m: int) -> np.ndarray:
-            if y < 0:
-                return pow_mod(inv_mod(x, m), -y, m)
-            return pow_mod(x, y, m)
+            return pow_mod(inv_mod(x, m), -y, m) if y < 0 else pow_mod(x, y, m)
 
-        return FieldArray(power(a.p, f.p), lazy(lambda x: power(x, f.q), a), a.dtype)
+        return self._map(power, (a,), a.shape, a.dtype)
 
     def max(self, a: FieldArray, b: FieldArray) -> FieldArray:
         raise FieldSemanticsError(
@@ -151,18 +160,24 @@ class FieldAlgebra:
     # ---- contractions
     def matmul(self, a: FieldArray, b: FieldArray, dtype: str) -> FieldArray:
         f = self.field
-        if split_first(a.shape, b.shape):  # the split operand in int64, the other in float64
-            pa, pb = a.p, b.p_float()
-        else:
-            pa, pb = a.p_float(), b.p
-        p = matmul_mod(pa, pb, f.p, a_bound=a.bound, b_bound=b.bound)
-        return FieldArray(p, lazy(lambda x, y: matmul_mod(x, y, f.q), a, b), dtype)
+        split_a = split_first(a.shape, b.shape)
+
+        def p_side() -> np.ndarray:  # the split operand in int64, the other in float64
+            pa, pb = (a.p, b.p_float()) if split_a else (a.p_float(), b.p)
+            return matmul_mod(pa, pb, f.p, a_bound=a.bound, b_bound=b.bound)
+
+        return FieldArray(
+            Cell(p_side, (a._pc, b._pc)),
+            q_cell(lambda x, y: matmul_mod(x, y, f.q), a, b),
+            dtype,
+            shape=matmul_shape(a.shape, b.shape),
+        )
 
     def reduce_sum(self, a: FieldArray, axes: tuple[int, ...]) -> FieldArray:
-        f = self.field
         axes = tuple(axes)
-        p = reduce_sum_mod(a.p, axes, f.p)
-        return FieldArray(p, lazy(lambda x: reduce_sum_mod(x, axes, f.q), a), a.dtype)
+        return self._map(
+            lambda x, m: reduce_sum_mod(x, axes, m), (a,), _reduced(a.shape, axes), a.dtype
+        )
 
     def reduce_max(self, a: FieldArray, axes: tuple[int, ...]) -> FieldArray:
         raise FieldSemanticsError(
@@ -171,48 +186,44 @@ class FieldAlgebra:
 
     def shift_max(self, a: FieldArray, axes: tuple[int, ...]) -> FieldArray:
         f = self.field
-        shape = tuple(
-            d for i, d in enumerate(a.shape) if i not in {ax % len(a.shape) for ax in axes}
-        )
+        shape = _reduced(a.shape, axes)
         p = self.rng.integers(0, f.p, size=shape, dtype=np.int64)
         q = self.rng.integers(0, f.q, size=shape, dtype=np.int64)
         return FieldArray(p, q, a.dtype)
 
     # ---- shapes
+    def _reshaped(self, a: FieldArray, fn: Callable[[np.ndarray], np.ndarray], shape) -> FieldArray:
+        return FieldArray(raw_p_cell(fn, a), q_cell(fn, a), a.dtype, a.bound, tuple(shape))
+
     def broadcast_in_dim(
         self, a: FieldArray, shape: tuple[int, ...], broadcast_dimensions: tuple[int, ...]
     ) -> FieldArray:
+        shape = tuple(shape)
         expanded = [1] * len(shape)
         for src, dst in enumerate(broadcast_dimensions):
             expanded[dst] = a.shape[src]
-        shape = tuple(shape)
-
-        def fn(x: np.ndarray) -> np.ndarray:
-            return np.broadcast_to(np.reshape(x, expanded), shape)
-
-        return FieldArray(a.map_p(fn), lazy(fn, a), a.dtype, a.bound)
+        return self._reshaped(a, lambda x: np.broadcast_to(np.reshape(x, expanded), shape), shape)
 
     def reshape(self, a: FieldArray, shape: tuple[int, ...]) -> FieldArray:
         shape = tuple(shape)
-
-        def fn(x: np.ndarray) -> np.ndarray:
-            return np.reshape(x, shape)
-
-        return FieldArray(a.map_p(fn), lazy(fn, a), a.dtype, a.bound)
+        return self._reshaped(a, lambda x: np.reshape(x, shape), shape)
 
     def transpose(self, a: FieldArray, permutation: tuple[int, ...]) -> FieldArray:
         perm = tuple(permutation)
-
-        def fn(x: np.ndarray) -> np.ndarray:
-            return np.transpose(x, perm)
-
-        return FieldArray(a.map_p(fn), lazy(fn, a), a.dtype, a.bound)
+        shape = tuple(a.shape[i] for i in perm)
+        return self._reshaped(a, lambda x: np.transpose(x, perm), shape)
 
     def concatenate(self, xs: Sequence[FieldArray], axis: int) -> FieldArray:
-        p = np.concatenate([x.p for x in xs], axis=axis)
-        q = lazy(lambda *qs: np.concatenate(qs, axis=axis), *xs)
+        shape = list(xs[0].shape)
+        shape[axis] = sum(x.shape[axis] for x in xs)
         bounds = [x.bound for x in xs]
-        return FieldArray(p, q, xs[0].dtype, None if None in bounds else max(bounds))
+        return FieldArray(
+            p_cell(lambda *v: np.concatenate(v, axis=axis), *xs),
+            q_cell(lambda *v: np.concatenate(v, axis=axis), *xs),
+            xs[0].dtype,
+            None if None in bounds else max(b for b in bounds if b is not None),
+            tuple(shape),
+        )
 
     def convert(self, a: FieldArray, dtype: str) -> FieldArray:
         src, dst = _kind(a.dtype), _kind(dtype)
@@ -220,15 +231,13 @@ class FieldAlgebra:
             raise FieldSemanticsError(
                 f"convert {a.dtype} -> {dtype} truncates and has no field meaning"
             )
-        if src in "iu" and dst in "iub" and np.dtype(dtype).itemsize < np.dtype(a.dtype).itemsize:
+        if src in "iu" and dst == "b":
+            raise FieldSemanticsError(f"convert {a.dtype} -> bool has no field meaning")
+        if src in "iu" and dst in "iu" and np.dtype(dtype).itemsize < np.dtype(a.dtype).itemsize:
             raise FieldSemanticsError(
                 f"convert {a.dtype} -> {dtype} wraps around and has no field meaning"
             )
-        if src in "iu" and dst == "b":
-            raise FieldSemanticsError(f"convert {a.dtype} -> bool has no field meaning")
-        out = FieldArray.__new__(FieldArray)
-        out._p, out._pf, out._q, out.dtype, out.bound = a._p, a._pf, a._q, dtype, a.bound
-        return out
+        return a.retyped(dtype)
 
     def opaque(self, node: Any, args: Sequence[Any]) -> Any:
         payload = node.param("payload") if hasattr(node, "param") else None

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from fields.algebra import FieldAlgebra
+from fields.array import Cell, FieldArray
 from fields.degree import DegreeReport, degree_bound
-from fields.numbers import Field, FieldArray, VoidTrial, _Lazy, default_field
+from fields.numbers import Field, VoidTrial, default_field
 
 TARGET_BOUND = 1e-9
 MIN_TRIALS = 2
@@ -90,7 +91,7 @@ def random_inputs(
             gen = np.random.Generator(np.random.SFC64(seed))
             return gen.integers(0, field.q, size=shape, dtype=np.int64)
 
-        out.append(FieldArray(p, _Lazy(draw_q), dtype, field.sample_size))
+        out.append(FieldArray(p, Cell(draw_q), dtype, field.sample_size))
     return out
 
 
@@ -109,7 +110,10 @@ def evaluate(
             xs.append(x)
         else:
             xs.append(FieldArray.from_ints(x, algebra.field, dtype))
-    return list(program.interpret(xs, algebra))
+    outputs = list(program.interpret(xs, algebra))
+    for out in outputs:  # compute the p-components now, so a VoidTrial is raised here
+        out.p_raw()
+    return outputs
 
 
 @dataclass(frozen=True)
@@ -271,6 +275,8 @@ def verify(
         try:
             out_a = a.interpret(inputs, algebra)
             out_b = b.interpret(inputs, algebra)
+            for out in (*out_a, *out_b):  # force the p-components here: zero denominators
+                out.p_raw()
         except VoidTrial:
             del inputs
             void += 1

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fields
+from fields.array import FieldArray
 from fields.numbers import (
     Field,
-    FieldArray,
     FieldSemanticsError,
     VoidTrial,
     default_field,
@@ -98,8 +98,9 @@ def test_elementwise_ops_agree_with_galois(a, b):
         assert np.array_equal(alg.div(x, y).p, np.asarray(ga / gb))
         assert np.array_equal(alg.integer_pow(y, -3).p, np.asarray(gb**-3))
     else:
+        quotient = alg.div(x, y)  # lazy: the zero denominator is found when it is read
         with pytest.raises(VoidTrial):
-            alg.div(x, y)
+            quotient.p_raw()
 
 
 @SETTINGS
