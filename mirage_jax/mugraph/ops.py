@@ -29,6 +29,7 @@ Mirage-specific meanings (chosen to equal how the benchmark functions capture, o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -235,7 +236,41 @@ def _bin(name):
 
 
 def _matmul(ctx, a):
-    return ctx.alg.matmul(a[0], a[1], ctx.dtype)
+    return fold_matmul(ctx.alg, a[0], a[1], ctx.arg_shapes[0], ctx.arg_shapes[1], ctx.dtype)
+
+
+def fold_matmul(alg, x, y, xs: tuple[int, ...], ys: tuple[int, ...], dtype: str) -> Any:
+    """x[..., M, K] @ y[..., K, N] with size-1 broadcasting of the leading dims.
+
+    Leading dims where only x varies are folded into M, those where only y varies into N, so
+    a replicated weight times per-block tiles is one large matmul, not many small ones (the
+    vectorised block semantics would otherwise issue one tiny matmul per block and iteration).
+    """
+    lead = len(xs) - 2
+    shared = [i for i in range(lead) if xs[i] > 1 and ys[i] > 1]
+    x_only = [i for i in range(lead) if xs[i] > 1 and ys[i] == 1]
+    y_only = [i for i in range(lead) if ys[i] > 1 and xs[i] == 1]
+    if not x_only and not y_only:
+        return alg.matmul(x, y, dtype)
+    ones = [i for i in range(lead) if xs[i] == 1 and ys[i] == 1]
+    m, k, n = xs[-2], xs[-1], ys[-1]
+    s = math.prod(xs[i] for i in shared)
+    xo = math.prod(xs[i] for i in x_only)
+    yo = math.prod(ys[i] for i in y_only)
+    x = alg.transpose(x, (*shared, *x_only, *ones, *y_only, lead, lead + 1))
+    x = alg.reshape(x, (s, xo * m, k))
+    y = alg.transpose(y, (*shared, *ones, *x_only, lead, *y_only, lead + 1))
+    y = alg.reshape(y, (s, k, yo * n))
+    z = alg.matmul(x, y, dtype)
+    labels = [*shared, *x_only, lead, *y_only, lead + 1]
+    sizes = [xs[i] for i in shared] + [xs[i] for i in x_only] + [m]
+    sizes += [ys[i] for i in y_only] + [n]
+    z = alg.reshape(z, tuple(sizes))
+    perm = tuple(sorted(range(len(labels)), key=lambda j: labels[j]))
+    if perm != tuple(range(len(perm))):
+        z = alg.transpose(z, perm)
+    out = (*(max(xs[i], ys[i]) for i in range(lead)), m, n)
+    return alg.reshape(z, out)
 
 
 def _reduce_sum(ctx, a):
