@@ -224,3 +224,48 @@ def test_mirage_forms_differ_from_ours():
         assert not fields.verify(a, b), name
     a, b = (benchmarks.get(n, 1).small() for n in ("gqa", "gqa_mirage"))
     assert fields.verify(lax_ir.capture(a.fn, *a.inputs), lax_ir.capture(b.fn, *b.inputs))
+
+
+class SplitKMatmul:
+    """A µGraph-like object: X @ W as a grid of 2 column blocks, each looping over 4 K-chunks."""
+
+    input_avals = (((4, 32), "float32"), ((32, 24), "float32"))
+    output_avals = (((4, 24), "float32"),)
+
+    def __init__(self, wrong_omap: bool = False):
+        self.wrong_omap = wrong_omap
+
+    def interpret(self, inputs, algebra):
+        x, w = inputs
+        xs = algebra.transpose(algebra.reshape(x, (4, 4, 8)), (1, 0, 2))  # [loop, M, K/4]
+        ws = algebra.reshape(w, (4, 8, 2, 12))  # [loop, K/4, grid, N/2]
+        ws = algebra.transpose(ws, (2, 0, 1, 3))  # [grid, loop, K/4, N/2]
+        xs = algebra.broadcast_in_dim(xs, (2, 4, 4, 8), (1, 2, 3))
+        acc = algebra.reduce_sum(algebra.matmul(xs, ws, "float32"), (1,))  # [grid, M, N/2]
+        perm = (1, 2, 0) if self.wrong_omap else (1, 0, 2)
+        return [algebra.reshape(algebra.transpose(acc, perm), (4, 24))]
+
+
+def test_verify_accepts_any_object_with_the_evaluation_interface():
+    program = lax_ir.capture(lambda x, w: x @ w, X, W)
+    assert fields.verify(program, SplitKMatmul())
+    assert fields.verify(SplitKMatmul(), program)
+    assert not fields.verify(program, SplitKMatmul(wrong_omap=True))
+    assert fields.degree_bound(SplitKMatmul()).output == 2
+
+
+def test_a_small_field_gives_a_weak_bound():
+    mirage = fields.Field.from_primes(167, 83)
+    f = lax_ir.capture(lambda x, w: rms_norm(x) @ w, X, W)
+    g = lax_ir.capture(lambda x, w: (x @ w) / rms(x), X, W)
+    v = fields.verify(f, g, field=mirage, max_void_trials=100)
+    assert v and v.p == 167 and v.bound > 1e-3
+    assert not fields.verify(f, lax_ir.capture(lambda x, w: x @ w, X, W), field=mirage)
+
+
+def test_default_trials_reach_the_target_bound():
+    f = lax_ir.capture(lambda x, w: rms_norm(x) @ w, X, W)
+    v = fields.verify(f, f)
+    assert v.per_trial_bound < 1e-4 and v.bound <= 1e-9
+    assert v.trials == fields.verify(f, f, target_bound=1e-9).trials
+    assert fields.verify(f, f, target_bound=1e-30).trials > v.trials
