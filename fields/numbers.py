@@ -1,33 +1,31 @@
-"""The number system Z_p × Z_q: primes, exact constants, `FieldArray` and fast vectorised ops.
+"""The number system Z_p × Z_q: primes, exact constants and fast vectorised modular arithmetic.
 
-Choice of primes (`default_field`). p = 2q + 1 is the largest safe prime below 2^31 and q the
-Sophie Germain prime under it:
+Choice of primes (`default_field`, found by `find_field` with galois). p = 2q + 1 is the largest
+safe prime below 2^31 and q the Sophie Germain prime under it:
 
     p = 2147483579 = 2^31 − 69,   q = 1073741789 = 2^30 − 35,   ω = 4 (order q in Z_p*).
 
 - p < 2^31 keeps every elementwise product of residues below 2^62, exact in int64.
 - q | p − 1 and ω = g^2 for the primitive root g = 2, so exp(x) = ω^(x mod q) is a
   homomorphism from (Z_q, +) into (Z_p*, ·): exp(x + y) = exp(x)·exp(y) holds exactly.
-- q is as large as it can be under p < 2^31 (the brief asked for q ≥ ~1e6): exponent
-  collisions then cost about degree/2^30 per trial instead of degree/1e6, for free, because the
-  q-component is computed lazily (below) and is rarely large.
-- Random p-residues are drawn uniformly from S = [0, 2^30) ⊂ Z_p (30 raw random bits, the
-  fastest exact-uniform draw numpy has); Schwartz–Zippel needs only a uniform draw from a set S,
-  with error degree/|S|. So one trial errs with probability at most about
-  (degree_p)/2^30 + (degree_q)/q; for the benchmark programs (degree ≤ ~2·10^4 counted
-  conservatively by `fields.degree`) that is below 1e-4, and three trials give ≤ 1e-12.
+- q is as large as p < 2^31 allows (the brief asked for q ≥ ~1e6): an exponent collision then
+  costs degree/2^30 per trial instead of degree/1e6. It is free because the q-component is only
+  computed where an exp needs it (`fields.array`), and there the q-matmuls have small K.
+- Random p-residues are uniform on S = [0, 2^30) ⊂ Z_p (exact and fast to draw); Schwartz–Zippel
+  needs only a uniform draw from some set S, with error degree/|S|. One trial of the benchmark
+  programs errs with probability at most 3.1e-5 (`fields.verify` states the bound; degrees from
+  `fields.degree`), so two trials reach 1e-9.
 
-Matmul. Residues are < 2^31, so a product alone exceeds 2^53 and float64 BLAS is not exact on
-residues directly. `matmul_mod` splits the smaller operand into limbs of s bits, chosen so that
-K·(2^s − 1)·(m − 1) < 2^53: every partial sum is then an exact integer in float64 whatever order
-BLAS adds in. The limbs are stacked along M (or N) so one BLAS call reads the large operand
-once; K is chunked when it is too long for 8-bit limbs. Results are reduced mod m in int64.
+Matmul. Residues are < 2^31, so one product already exceeds 2^53 and float64 BLAS is not exact
+on residues directly. `matmul_mod` splits the smaller operand into L limbs of s bits, the widest
+with K·(2^s − 1)·(bound − 1) < 2^53, where bound is the other operand's largest entry + 1 (2^30
+for random inputs, which saves a limb): every partial sum is then an exact integer in float64,
+whatever order BLAS adds in. The limbs are stacked along M (or N), so one BLAS call reads the
+large operand once (X[8,4096] @ W[4096,4096] is one [24,4096] @ [4096,4096] call); K is chunked
+when it is too long for 8-bit limbs. Limb products are recombined by Horner's rule in int64.
 
-Improvement over the brief's design: `FieldArray.q` is lazy. The q-component only matters as an
-exponent (outputs are compared on their p-component, which carries the whole Schwartz–Zippel
-bound), so it is computed on demand, through a small dependency graph of `_Lazy` cells that is
-forced iteratively. Programs without exp never pay for it (half of all matmul work saved), and
-an exp whose argument depends on another exp raises only when such a value is really needed.
+Inverses: one product tree per array (about three multiplications per element, one scalar
+inverse), on the distinct part of broadcast views only.
 """
 
 from __future__ import annotations

@@ -16,13 +16,21 @@ for the theory of identity testing with exponentiation gates). Trials are indepe
 accepted pair carries `bound = ε ** trials`; void trials (a zero denominator) are redrawn and
 conditioning on them changes ε by a factor 1/(1 − P(void)), negligible at these sizes.
 
-Sound in one direction only: a reject is always a real difference of the exact semantics, or a
-constant spelled differently (`x * 0.1` against `x / 10` are different rationals).
+Trials: by default the fewest (at least two) that bring the bound to 1e-9 (the brief's fixed
+three is then one more than needed: two trials give 2.3e-10 for rms_norm and attention, so a
+third buys nothing the target asks for and costs half again the time); `trials=` overrides.
 
-Inputs. Every input element gets an independent uniform p-residue in S (float and integer and
-bool dtypes alike: an identity that holds for all reals, or all integers, is a polynomial
-identity, so treating every input as a formal variable is sound; identities special to booleans
-such as x·x = x are rejected, never accepted) and a uniform q-residue, drawn only if needed.
+Errors go one way. An accept of unequal programs has probability ≤ `bound`. A reject means the
+two differ in the field semantics: a real difference, or one the field sees and the reals do
+not: constants spelled differently (`x * 0.1` against `x / 10` are different rationals), an
+identity of an uninterpreted function (sqrt(x)·sqrt(x) = x is not claimed), a result that
+depends on a softmax shift, or an identity special to integers or booleans.
+
+Inputs. Every input element gets an independent uniform p-residue in S and a uniform
+q-residue (drawn only if an exp needs it), for float, integer and bool dtypes alike: programs
+that differ as functions of reals (or of integers) differ as polynomials, so treating every
+input as a formal variable is sound; identities special to booleans, such as x·x = x, are
+rejected, never accepted. Outputs are compared on their p-components, which carry the bound.
 """
 
 from __future__ import annotations
