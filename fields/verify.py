@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -54,15 +55,36 @@ MAX_TRIALS = 10
 MAX_VOID_TRIALS = 20
 
 
+PARALLEL_FILL = 1 << 21
+"""Inputs with at least this many elements are drawn by two threads (numpy releases the GIL)."""
+_POOL: ThreadPoolExecutor | None = None
+
+
 def _fill_uniform(rng: np.random.Generator, out: np.ndarray, bits: int) -> np.ndarray:
     """Fill float64 `out` in place with integers uniform on [0, 2**bits) (bits ≤ 53).
 
     `Generator.random` returns k/2^53 with k uniform on 53 bits, so floor(x·2^bits) = k >> (53 −
     bits) is exactly uniform; filling in place lets `verify` reuse one buffer across trials.
+    Large arrays are filled in two halves from two child streams, in two threads.
     """
-    rng.random(out=out)
-    np.multiply(out, float(2**bits), out=out)
-    np.floor(out, out=out)
+    global _POOL
+
+    def fill(gen: np.random.Generator, part: np.ndarray) -> None:
+        gen.random(out=part)
+        np.multiply(part, float(2**bits), out=part)
+        np.floor(part, out=part)
+
+    flat = out.reshape(-1)
+    if flat.size < PARALLEL_FILL:
+        fill(rng, flat)
+        return out
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(2, thread_name_prefix="fields-rng")
+    half = flat.size // 2
+    gens = rng.spawn(2)
+    jobs = [_POOL.submit(fill, gens[0], flat[:half]), _POOL.submit(fill, gens[1], flat[half:])]
+    for job in jobs:
+        job.result()
     return out
 
 

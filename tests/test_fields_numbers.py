@@ -331,3 +331,28 @@ def test_lazy_q_is_forced_iteratively_through_long_chains():
     for _ in range(5000):  # deeper than Python's recursion limit
         y = alg.add(y, x)
     assert int(y.q[0]) == 3 * 5001 % Q
+
+
+def test_negative_power_of_zero_is_void():
+    alg = fields.FieldAlgebra()
+    x = FieldArray(np.array([2, 0]), np.array([2, 0]))
+    with pytest.raises(VoidTrial):
+        alg.integer_pow(x, -2).p_raw()
+    assert alg.integer_pow(x, 0).p.tolist() == [1, 1]
+
+
+def test_random_inputs_are_uniform_deterministic_and_lazy_in_q():
+    avals = [((3, 1000), "float32"), ((4_500_000,), "float16"), ((5,), "int32")]
+    a = fields.random_inputs(avals, np.random.default_rng(9))
+    b = fields.random_inputs(avals, np.random.default_rng(9))
+    for x, y, (shape, dtype) in zip(a, b, avals):
+        assert x.shape == shape and x.dtype == dtype and x.bound == 2**F.sample_bits
+        assert x.p.min() >= 0 and x.p.max() < 2**F.sample_bits
+        assert np.array_equal(x.p, y.p)
+    big = a[1].p
+    assert abs(big.mean() / 2**F.sample_bits - 0.5) < 1e-3  # two threads, two streams
+    assert not np.array_equal(big[:1000], big[2_250_000:2_251_000])
+    # q-residues: drawn on first read, the same whatever the order of reads
+    q_late = b[0].q
+    assert np.array_equal(a[2].q, b[2].q) and np.array_equal(a[0].q, q_late)
+    assert a[0].q.max() < Q
