@@ -257,7 +257,7 @@ class MirageJit:
         self.records = [*self.records[-7:], record]
 
     def _resolve(self, part: Any) -> tuple[tuple[RegionDecision, ...], dict[int, Callable]]:
-        backend, why_not = _effective_backend(self.opts.backend)
+        backend, why_not = effective_backend(self.opts.backend)
         decisions: list[RegionDecision] = []
         replacements: dict[int, Callable] = {}
         pending = [r for r in part.regions if not r.is_trivial]
@@ -513,7 +513,7 @@ def _open_cache(cache: Cache | str | bool | None) -> Cache | None:
     return Cache(cache)
 
 
-def _effective_backend(backend: str) -> tuple[str | None, str]:
+def effective_backend(backend: str) -> tuple[str | None, str]:
     """The backend kernels are lowered for, or (None, why every region stays XLA)."""
     if backend == "xla":
         return None, "backend='xla'"
