@@ -290,6 +290,26 @@ def test_validation_errors_name_op_and_rule(build, match):
         build().shapes  # noqa: B018
 
 
+def test_rescale_needs_the_max_of_its_shift():
+    ins = [((8, 4), (None,), 0)]
+    ops = [
+        ("accum_max", (0,), {}),
+        ("exp", (0,), {}),
+        ("accum_max", (2,), {}),
+        ("accum_rescale_sum", (0, 0, 3), {}),
+    ]
+    with pytest.raises(MuGraphError, match=r"\(accum_rescale_sum\): the final shift"):
+        _single((1,), 2, ins, ops, [(4, (None,))]).shapes  # noqa: B018
+    ok = _single(
+        (1,),
+        2,
+        ins,
+        [("accum_max", (0,), {}), ("accum_rescale_sum", (0, 0, 1), {})],
+        [(2, (None,))],
+    )
+    assert ok.output_avals == (((4, 4), F16),)
+
+
 def test_resource_limits():
     g = rmsnorm_graph(grid=(8,), F=1)
     validate(g, "h100")

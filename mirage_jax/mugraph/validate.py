@@ -130,6 +130,13 @@ def block_info(bg: BlockGraph) -> BlockInfo:
                 raise MuGraphError(f"{where}: missing param {p!r}")
         if len({dtypes[a] for a in op.args}) > 1:
             raise MuGraphError(f"{where}: operand dtypes differ: {[dtypes[a] for a in op.args]}")
+        if op.op in POST_LOOP_ARGS:  # the rescaled sums of online softmax
+            shift = bg.op_of(op.args[2])
+            if shift is None or shift.op != "accum_max" or shift.args != (op.args[1],):
+                raise MuGraphError(
+                    f"{where}: the final shift (argument 2) must be accum_max of the "
+                    f"per-iteration shift (argument 1, tensor {op.args[1]})"
+                )
         if spec.kind == "accum":
             want_post = POST_LOOP_ARGS.get(op.op, ())
             for i, a in enumerate(op.args):
