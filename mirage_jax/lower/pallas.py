@@ -359,10 +359,11 @@ def _kernel(*refs: Any, plan: KernelPlan, config: PallasConfig) -> None:
         for t in acc_order:
             op = plan.op(t)
             rule = registry.rule(BACKEND, op.op)
-            args = [loop_env[a] for a in op.args]
-            if t in plan.shifts:
+            if t in plan.shifts:  # (x, m, M): M is post-loop; use the running max instead
                 big = plan.shifts[t]
-                args = [args[0], args[1], old[big], new[big]]
+                args = [loop_env[op.args[0]], loop_env[op.args[1]], old[big], new[big]]
+            else:
+                args = [loop_env[a] for a in op.args]
             new[t] = rule.update(ctx_of(t), old[t], *args)
         return tuple(new[t] for t in accs)
 

@@ -470,16 +470,26 @@ class _HostPointer:
 
 
 def _interpretable_stdlib(scope: Any) -> None:
-    """Swap triton.language's @jit helpers (tl.sum, tl.sigmoid, ...) for interpreted ones.
+    """Patch triton.language for the interpreter, restorably (`scope.restore()` undoes it).
 
-    Triton decorates its standard library at import; without TRITON_INTERPRET=1 set before
-    that, those are compiled-only JITFunctions. The reduction combiners stay: the interpreter
-    recognises them by identity.
+    Triton decorates its standard library (tl.sum, tl.sigmoid, ...) at import; without
+    TRITON_INTERPRET=1 set before that, those are compiled-only JITFunctions. They are swapped
+    for interpreted ones that do not re-patch the language on each call (Triton's own
+    InterpretedFunction does, and never undoes it, which breaks later compilation in the same
+    process). The reduction combiners stay: the interpreter recognises them by identity.
     """
     import triton.language as tl
     from triton.runtime import interpreter as ti
     from triton.runtime.jit import JITFunction
 
+    class Interpreted(ti.InterpretedFunction):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.rewrite()(*args, **kwargs)
+
+    namespace = {"tl": tl, "core": tl.core}
+    exec("def _uses_tl_and_core(): pass", namespace)
+    inner = ti._patch_lang(namespace["_uses_tl_and_core"])
+    scope._changes.extend(inner._changes)
     std = tl.standard
     keep = {
         id(getattr(std, n))
@@ -489,7 +499,7 @@ def _interpretable_stdlib(scope: Any) -> None:
     for mod in (tl, std, tl.math, tl.core):
         for name, member in list(vars(mod).items()):
             if isinstance(member, JITFunction) and id(member) not in keep:
-                scope.set_attr(mod, name, ti.InterpretedFunction(member.fn))
+                scope.set_attr(mod, name, Interpreted(member.fn))
 
 
 def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray) -> None:

@@ -1,0 +1,417 @@
+"""Lowering on the CPU: Pallas (interpret mode) and generated Triton (Triton's interpreter).
+
+Every block op and accumulator is covered by hand-built µGraphs compared with the µGraph's own
+float64 semantics; one imported Mirage µGraph per workload is compared with the benchmark's
+float64 reference; unsupported or invalid µGraphs raise LoweringError naming the op.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import benchmarks
+from mirage_jax.lower import (
+    LoweringError,
+    PallasConfig,
+    TritonConfig,
+    export_for_gpu,
+    lower,
+    plan,
+    registry,
+    source_of,
+)
+from mirage_jax.mugraph import (
+    BlockGraphBuilder,
+    MuGraphBuilder,
+    evaluate_reference,
+    load_mirage_checkpoint,
+)
+from mirage_jax.mugraph.ops import ACCUMULATORS, OPS
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+TOL = {"float16": 5e-3, "float32": 1e-4}
+
+
+def _inputs(g, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * scale).astype(dtype) for shape, dtype in g.input_avals]
+
+
+def _rel(out, ref):
+    out = np.asarray(out, np.float64)
+    assert out.shape == ref.shape
+    assert np.isfinite(out).all(), "non-finite output (an unwritten or overflowed element)"
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def check(g, backend="pallas", seed=0, scale=1.0, config=None):
+    xs = _inputs(g, seed, scale)
+    ref = evaluate_reference(g, *xs)
+    outs = lower(g, backend=backend, config=config, interpret=True)(*xs)
+    assert len(outs) == len(ref)
+    tol = TOL[g.output_avals[0][1]]
+    for j, (o, r) in enumerate(zip(outs, ref)):
+        err = _rel(o, r)
+        assert err < tol, f"output {j}: relative error {err:.2e} >= {tol}"
+
+
+# ---------------------------------------------------------------------------- hand-built µGraphs
+def elementwise_graph(dtype="float16"):
+    """Every elementwise op and the row accumulators; rows split over 2 blocks, F=4 over cols."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=4)
+    x = b.input((8, 128), dtype, imap=(0,), forloop_dim=1)  # tile (4, 32)
+    y = b.input((8, 128), dtype, imap=(0,), forloop_dim=1)
+    half = b.op("mul_scalar", x, scalar=0.5)
+    shifted = b.op("add_scalar", half, scalar=1.0)
+    sq = b.op("square", shifted)
+    den = b.op("add_scalar", sq, scalar=1.0)
+    root = b.op("sqrt", den)
+    sig = b.op("sigmoid", y)
+    silu = b.op("silu", x)
+    gelu = b.op("gelu", y)
+    mix = b.op("sub", b.op("add", sig, silu), gelu)
+    prod = b.op("mul", mix, root)
+    quot = b.op("div", prod, den)
+    ex = b.op("exp", b.op("mul_scalar", y, scalar=0.25))
+    s = b.op("accum_sum", quot)  # (4, 32)
+    s_last = b.op("accum_sum_last", prod)  # (4, 1)
+    mean = b.op("accum_mean_last", ex)  # (4, 1)
+    rms = b.op("accum_rms_last", x, eps=1e-6)  # (4, 1)
+    tox = b.op("accum_sum_todimx", y, dimx=8)  # (4, 8)
+    epi = b.op("div", b.op("mul", s_last, mean), rms)  # epilogue after the loop
+    b.output(s, (0,))
+    b.output(epi, (0,))
+    b.output(tox, (0,))
+    mb = MuGraphBuilder()
+    xi, yi = mb.input((8, 128), dtype), mb.input((8, 128), dtype)
+    outs = mb.graph_defined([xi, yi], b.build())
+    return mb.build(outs, name="elementwise")
+
+
+def matmul_graph(dtype="float16"):
+    """The three matmul paths (tensor-core, K = 1 outer product, M = 1 multiply-sum), the
+    reductions and rms_norm in the loop; rows over 2 blocks, F = 2 over K."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=2)
+    x = b.input((32, 64), dtype, imap=(0,), forloop_dim=1)  # (16, 32)
+    w = b.input((64, 32), dtype, imap=(None,), forloop_dim=0)  # (32, 32)
+    mma = b.op("matmul", x, w)  # (16, 32) on tensor cores
+    outer = b.op("matmul", b.op("reduce_sum", x, dim=1), b.op("reduce_max", w, dim=0))  # K = 1
+    b.output(b.op("accum_sum", b.op("add", mma, outer)), (0,))
+    b.output(b.op("accum_sum", b.op("rms_norm", x)), (0,))
+    v = BlockGraphBuilder(grid=(1,), forloop_range=2)
+    w2 = v.input((64, 32), dtype, imap=(None,), forloop_dim=0)
+    row = v.input((1, 64), dtype, imap=(None,), forloop_dim=1)
+    v.output(v.op("accum_sum", v.op("matmul", row, w2)), (None,))  # M = 1: multiply-sum
+    mb = MuGraphBuilder()
+    xi, wi, vi = mb.input((32, 64), dtype), mb.input((64, 32), dtype), mb.input((1, 64), dtype)
+    o1, o2 = mb.graph_defined([xi, wi], b.build())
+    (o3,) = mb.graph_defined([wi, vi], v.build())
+    return mb.build([o1, o2, o3], name="matmul")
+
+
+def padded_graph(dtype="float16"):
+    """Non-power-of-two tiles (6 rows -> 16 for tl.dot, 24 cols -> 32), F = 3 (not a power of
+    two), masked reductions and rms_norm over a padded dim in the epilogue."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=3)
+    x = b.input((6, 96), dtype, imap=(None,), forloop_dim=1)  # (6, 32)
+    w = b.input((96, 48), dtype, imap=(1,), forloop_dim=0)  # (32, 24)
+    acc = b.op("accum_sum", b.op("matmul", x, w))  # (6, 24)
+    rms = b.op("accum_rms_last", x, eps=1e-6)  # (6, 1)
+    y = b.op("div", acc, rms)
+    rowsum = b.op("reduce_sum", y, dim=1)  # (6, 1): across padded cols
+    rowmax = b.op("reduce_max", y, dim=1)
+    normed = b.op("rms_norm", y, eps=1e-5)
+    b.output(y, (1,))
+    b.output(b.op("add", normed, b.op("sub", rowsum, rowmax)), (1,))
+    mb = MuGraphBuilder()
+    xi, wi = mb.input((6, 96), dtype), mb.input((96, 48), dtype)
+    return mb.build(mb.graph_defined([xi, wi], b.build()), name="padded")
+
+
+def softmax_graph(dtype="float16"):
+    """Online softmax attention: running max (accum_max) and the two rescaled sums."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=4)
+    q = b.input((2, 16, 16), dtype, imap=(0,))  # (1, 16, 16)
+    k = b.input((2, 16, 64), dtype, imap=(0,), forloop_dim=2)  # (1, 16, 16)
+    v = b.input((2, 64, 16), dtype, imap=(0,), forloop_dim=1)  # (1, 16, 16)
+    s = b.op("matmul", q, k)
+    m = b.op("reduce_max", s, dim=2)  # (1, 16, 1)
+    big = b.op("accum_max", m)
+    e = b.op("exp", b.op("sub", s, m))
+    den = b.op("accum_rescale_sum_last", e, m, big)
+    num = b.op("accum_rescale_sum", b.op("matmul", e, v), m, big)
+    b.output(b.op("div", num, den), (0,))
+    mb = MuGraphBuilder()
+    ins = [mb.input((2, 16, 16), dtype), mb.input((2, 16, 64), dtype), mb.input((2, 64, 16), dtype)]
+    return mb.build(mb.graph_defined(ins, b.build()), name="softmax")
+
+
+def concat_graph(dtype="float16"):
+    """Block-level concat along both dims and concat_matmul."""
+    b = BlockGraphBuilder(grid=(1,), forloop_range=1)
+    x = b.input((16, 32), dtype, imap=(None,))
+    y = b.input((16, 32), dtype, imap=(None,))
+    w1 = b.input((32, 16), dtype, imap=(None,))
+    w2 = b.input((32, 16), dtype, imap=(None,))
+    b.output(b.op("accum_sum", b.op("concat", x, y, dim=1)), (None,))
+    b.output(b.op("accum_sum", b.op("concat", x, y, dim=0)), (None,))
+    b.output(b.op("accum_sum", b.op("concat_matmul", x, y, w1, w2)), (None,))
+    mb = MuGraphBuilder()
+    ins = [mb.input((16, 32), dtype), mb.input((16, 32), dtype)]
+    ins += [mb.input((32, 16), dtype), mb.input((32, 16), dtype)]
+    return mb.build(mb.graph_defined(ins, b.build()), name="concat")
+
+
+def kernel_ops_graph(dtype="float16"):
+    """Every pre-defined kernel op around one graph-defined kernel."""
+    mb = MuGraphBuilder()
+    a, w = mb.input((8, 16), dtype), mb.input((16, 8), dtype)
+    p = mb.op("matmul", a, w)  # (8, 8)
+    e = mb.op("exp", mb.op("mul_scalar", p, scalar=0.1))
+    r = mb.op("sqrt", mb.op("add_scalar", mb.op("square", p), scalar=1.0))
+    z = mb.op("div", mb.op("sub", mb.op("add", mb.op("sigmoid", p), mb.op("silu", p)), e), r)
+    z = mb.op("mul", z, mb.op("gelu", p))
+    b = BlockGraphBuilder(grid=(2,), forloop_range=1)
+    zi = b.input((8, 8), dtype, imap=(0,))
+    b.output(b.op("accum_sum", b.op("exp", b.op("mul_scalar", zi, scalar=0.5))), (0,))
+    (k,) = mb.graph_defined([z], b.build())
+    rs = mb.op("reduce_sum", k, dim=1)  # (8, 1)
+    rm = mb.op("reduce_max", k, dim=0)  # (1, 8)
+    n = mb.op("rms_norm", mb.op("add", k, mb.op("mul", rs, rm)))
+    return mb.build([mb.op("concat", n, k, dim=0)], name="kernel_ops")
+
+
+HAND_BUILT = {
+    "elementwise": elementwise_graph,
+    "matmul": matmul_graph,
+    "padded": padded_graph,
+    "softmax": softmax_graph,
+    "concat": concat_graph,
+    "kernel_ops": kernel_ops_graph,
+}
+
+
+def test_hand_built_graphs_cover_every_op_and_accumulator():
+    used = set()
+    for make in HAND_BUILT.values():
+        g = make()
+        for op in g.ops:
+            used.add(op.op)
+            if op.block_graph is not None:
+                used.update(b.op for b in op.block_graph.ops)
+    assert set(OPS) <= used, f"not covered: {sorted(set(OPS) - used)}"
+    assert set(ACCUMULATORS) <= used
+
+
+def test_every_op_has_a_rule_on_every_backend():
+    for name, spec in OPS.items():
+        if "kernel" in spec.levels:
+            assert registry.has_rule("jnp", name), name
+        if "block" in spec.levels:
+            for backend in ("pallas", "triton"):
+                assert registry.has_rule(backend, name), (backend, name)
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BUILT))
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_pallas_matches_reference(name, dtype):
+    check(HAND_BUILT[name](dtype), "pallas", seed=1)
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BUILT))
+def test_triton_matches_reference(name):
+    pytest.importorskip("triton")
+    check(HAND_BUILT[name]("float16"), "triton", seed=2)
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BUILT))
+def test_pallas_lowers_for_an_h100(name):
+    # The Python side of the Pallas->Triton lowering (power-of-two shapes, primitive rules).
+    g = HAND_BUILT[name]()
+    fn = lower(g, "pallas", interpret=False)
+    text = export_for_gpu(fn, *[jax.ShapeDtypeStruct(s, d) for s, d in g.input_avals])
+    assert "__gpu$xla.gpu.triton" in text
+
+
+def test_triton_source_compiles_for_sm90():
+    pytest.importorskip("triton")
+    from mirage_jax.lower import triton as tr
+
+    g = softmax_graph()
+    (p,) = plan(g).values()
+    name, src = tr.kernel_source(p, TritonConfig())
+    assert "tl.dot(" in src and "for it in range(0, 4)" in src
+    fn = tr.load_kernel(name, src)
+    compiled = tr.compile_for(fn, ["float16"] * 4)
+    assert "ptx" in compiled.asm and compiled.metadata.shared > 0
+
+
+def test_source_is_cached_and_readable(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from mirage_jax.lower import triton as tr
+
+    monkeypatch.setenv("MIRAGE_JAX_TRITON_CACHE", str(tmp_path))
+    (p,) = plan(padded_graph()).values()
+    name, src = tr.kernel_source(p, TritonConfig(num_warps=2))
+    tr.load_kernel(name, src)
+    files = list(tmp_path.glob("mugraph_kernel_*.py"))
+    assert len(files) == 1 and files[0].read_text() == src
+    assert "in1_mask" in src  # the 24-wide tile of W is padded to 32 and masked
+    assert src == source_of(p, TritonConfig(num_warps=2))
+
+
+def test_configs():
+    g = padded_graph()
+    check(g, "pallas", config=PallasConfig(num_warps=2, num_stages=2, loop_unroll=3, min_dot=32))
+    with pytest.raises(ValueError, match="min_dot"):
+        PallasConfig(min_dot=8)
+    with pytest.raises(LoweringError, match="TritonConfig"):
+        lower(g, "triton", config=PallasConfig())
+    with pytest.raises(LoweringError, match="unknown backend"):
+        lower(g, "cuda")
+
+
+# ---------------------------------------------------------------------------- errors
+def test_missing_rule_names_op_and_backend(monkeypatch):
+    monkeypatch.delitem(registry._RULES, ("pallas", "gelu"))
+    with pytest.raises(LoweringError, match=r"no 'pallas' lowering rule for op 'gelu'"):
+        lower(elementwise_graph(), "pallas")
+
+
+def test_unknown_kernel_op_is_an_error():
+    mb = MuGraphBuilder()
+    x = mb.input((4, 4), "float16")
+    g = mb.build([mb.op("tanh", x)])
+    with pytest.raises(LoweringError, match="tanh"):
+        lower(g)
+
+
+def _one_kernel(b, shapes, dtype="float16"):
+    mb = MuGraphBuilder()
+    ins = [mb.input(s, dtype) for s in shapes]
+    return mb.build(mb.graph_defined(ins, b.build()))
+
+
+def test_rescale_needs_its_own_running_max():
+    b = BlockGraphBuilder(grid=(1,), forloop_range=2)
+    x = b.input((4, 32), "float16", imap=(None,), forloop_dim=1)
+    m = b.op("reduce_max", x, dim=1)
+    other = b.op("accum_max", b.op("mul_scalar", m, scalar=2.0))
+    b.output(b.op("accum_rescale_sum", x, m, other), (None,))
+    with pytest.raises(LoweringError, match=r"accum_rescale_sum.*must be accum_max of"):
+        lower(_one_kernel(b, [(4, 32)]))
+
+
+def test_batched_matmul_tile_is_unsupported():
+    b = BlockGraphBuilder(grid=(1,), forloop_range=1)
+    q = b.input((2, 16, 16), "float16", imap=(None,))
+    k = b.input((2, 16, 16), "float16", imap=(None,))
+    b.output(b.op("accum_sum", b.op("matmul", q, k)), (None,))
+    with pytest.raises(LoweringError, match=r"block op 0 \(matmul\): batched matmul"):
+        lower(_one_kernel(b, [(2, 16, 16), (2, 16, 16)]))
+
+
+def test_unequal_concat_is_unsupported():
+    b = BlockGraphBuilder(grid=(1,), forloop_range=1)
+    x = b.input((16, 32), "float16", imap=(None,))
+    y = b.input((16, 16), "float16", imap=(None,))
+    b.output(b.op("accum_sum", b.op("concat", x, y, dim=1)), (None,))
+    with pytest.raises(LoweringError, match=r"\(concat\): block-level concat"):
+        lower(_one_kernel(b, [(16, 32), (16, 16)]))
+
+
+def test_strided_sum_needs_powers_of_two():
+    b = BlockGraphBuilder(grid=(1,), forloop_range=1)
+    x = b.input((4, 24), "float16", imap=(None,))
+    b.output(b.op("accum_sum_todimx", x, dimx=8), (None,))
+    with pytest.raises(LoweringError, match="accum_sum_todimx needs power-of-two"):
+        lower(_one_kernel(b, [(4, 24)]))
+
+
+def test_tile_too_large_for_registers():
+    b = BlockGraphBuilder(grid=(1,), forloop_range=1)
+    x = b.input((1024, 1024), "float16", imap=(None,))
+    b.output(b.op("accum_sum", b.op("exp", x)), (None,))
+    with pytest.raises(LoweringError, match="too large to hold in registers"):
+        lower(_one_kernel(b, [(1024, 1024)]))
+
+
+def test_invalid_mugraph_is_an_error():
+    b = BlockGraphBuilder(grid=(3,), forloop_range=1)
+    x = b.input((8, 8), "float16", imap=(0,))  # 8 rows do not split over 3 blocks
+    b.output(b.op("accum_sum", x), (0,))
+    mb = MuGraphBuilder()
+    xi = mb.input((8, 8), "float16")
+    g = mb.build(mb.graph_defined([xi], b.build()))
+    with pytest.raises(LoweringError, match="uneven split"):
+        lower(g)
+
+
+# ---------------------------------------------------------------------------- imported µGraphs
+# One cheap µGraph per workload (few grid points); the index is into the checkpoint file.
+# The qknorm checkpoints do not compute the original's QKNorm program (none of the 190 matches
+# `qknorm_mirage` in float64); they are checked against their own float64 semantics.
+IMPORTED = {
+    "gqa": ("gqa_bs1.json", 0),
+    "qknorm": ("qknorm_gqa_bs1.json", 100),
+    "rmsnorm": ("rmsnorm_bs1.json", 0),
+    "lora": ("lora_bs1.json", 0),
+    "gated_mlp": ("gated_mlp_bs1.json", 0),
+    "ntrans": ("norm_transformer_bs1.json", 0),
+}
+
+
+def _imported(peer_dir, workload):
+    file, index = IMPORTED[workload]
+    return load_mirage_checkpoint(peer_dir / "h100" / file)[index]
+
+
+@pytest.mark.parametrize("workload", sorted(IMPORTED))
+def test_imported_mugraph_matches_benchmark_reference(peer_dir, workload):
+    g = _imported(peer_dir, workload)
+    bm = benchmarks.get(f"{workload}_mirage", 1)
+    assert [tuple(s.shape) for s in bm.inputs] == [s for s, _ in g.input_avals]
+    xs = bm.make_inputs(seed=3)
+    (out,) = lower(g, "pallas", interpret=True)(*xs)
+    ref = bm.reference(*xs) if workload != "qknorm" else evaluate_reference(g, *xs)[0]
+    err = _rel(out, ref)
+    assert err < 1e-2, f"{workload}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("workload", ["lora", "ntrans"])
+def test_imported_mugraph_triton(peer_dir, workload):
+    pytest.importorskip("triton")
+    g = _imported(peer_dir, workload)
+    bm = benchmarks.get(f"{workload}_mirage", 1)
+    xs = bm.make_inputs(seed=4)
+    (out,) = lower(g, "triton", interpret=True)(*xs)
+    assert _rel(out, bm.reference(*xs)) < 1e-2
+
+
+# ---------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+@pytest.mark.parametrize("workload", sorted(IMPORTED))
+def test_imported_on_gpu(peer_dir, backend, workload):
+    g = _imported(peer_dir, workload)
+    bm = benchmarks.get(f"{workload}_mirage", 1)
+    xs = bm.make_inputs(seed=5)
+    (out,) = lower(g, backend)(*xs)
+    ref = bm.reference(*xs) if workload != "qknorm" else evaluate_reference(g, *xs)[0]
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(HAND_BUILT))
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_hand_built_on_gpu(name, backend):
+    g = HAND_BUILT[name]("float16")
+    xs = _inputs(g, seed=6)
+    ref = evaluate_reference(g, *xs)
+    for o, r in zip(lower(g, backend)(*xs), ref):
+        assert _rel(o, r) < TOL["float16"]
