@@ -102,6 +102,8 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 def figure(results: dict[str, Any]):
     """A matplotlib Figure: speedup over the best baseline, one panel per batch size."""
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     rows = results.get("benchmarks", [])
     names = list(dict.fromkeys(r["name"] for r in rows))
@@ -114,8 +116,8 @@ def figure(results: dict[str, Any]):
         for v in (r.get("speedup"), (r.get("imported_best") or {}).get("speedup"))
         if v
     ]
-    lo = min([0.5, *(v / 1.4 for v in vals)])
-    hi = max([2.0, *(v * 1.6 for v in vals)])
+    lo = min([0.4, *(v / 2.5 for v in vals)])
+    hi = max([2.5, *(v * 2.5 for v in vals)])
     width = 0.38
     for ax, b in zip(axes, batches):
         by_name = {r["name"]: r for r in rows if r["batch"] == b}
@@ -123,49 +125,47 @@ def figure(results: dict[str, Any]):
             r = by_name.get(name)
             if r is None:
                 continue
-            sp = r.get("speedup")
-            imp = (r.get("imported_best") or {}).get("speedup")
-            if sp:
-                ax.bar(i - width / 2, sp, width, color=OURS_COLOR, bottom=0)
-                ax.text(i - width / 2, sp * 1.05, f"{r['ours']['us']:.1f}µs", ha="center",
-                        va="bottom", fontsize=7, rotation=90)  # fmt: skip
-            else:
-                ax.text(i - width / 2, 1.0, _why_missing(r), ha="center", va="bottom",
-                        fontsize=6, rotation=90, color="#5f6368")  # fmt: skip
-            if imp:
-                ax.bar(i + width / 2, imp, width, color=IMPORTED_COLOR, hatch="//",
-                       edgecolor="white", bottom=0)  # fmt: skip
-                ax.text(i + width / 2, imp * 1.05, f"{r['imported_best']['us']:.1f}µs",
-                        ha="center", va="bottom", fontsize=7, rotation=90)  # fmt: skip
-        ax.axhline(1.0, color="#202124", lw=0.8, ls="--")
+            imp = r.get("imported_best") or {}
+            bars = [(i - width / 2, r.get("speedup"), (r.get("ours") or {}).get("us"), True),
+                    (i + width / 2, imp.get("speedup"), imp.get("us"), False)]  # fmt: skip
+            for x, sp, us, ours in bars:
+                if not sp:
+                    if ours:
+                        ax.text(x, 1.0, _why_missing(r), ha="center", va="bottom", fontsize=6,
+                                rotation=90, color="#5f6368")  # fmt: skip
+                    continue
+                ax.bar(x, sp - 1.0, width, bottom=1.0, color=OURS_COLOR if ours else IMPORTED_COLOR,
+                       hatch=None if ours else "//", edgecolor="white")  # fmt: skip
+                up = sp >= 1.0
+                ax.text(x, sp * (1.04 if up else 0.96), f"{sp:.2f}x  {us:.1f}µs", ha="center",
+                        va="bottom" if up else "top", fontsize=6.5, rotation=90)  # fmt: skip
+        ax.axhline(1.0, color="#202124", lw=0.8)
         ax.set_yscale("log")
         ax.set_ylim(lo, hi)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_xlim(-0.6, len(names) - 0.4)
         ax.set_ylabel(f"b = {b}\nspeedup over best baseline", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
-        ax.grid(axis="y", which="both", lw=0.3, alpha=0.5)
-    from matplotlib.patches import Patch
-
-    axes[0].legend(
+        ax.grid(axis="y", which="major", lw=0.3, alpha=0.6)
+    fig.legend(
         handles=[
             Patch(color=OURS_COLOR, label="mirage_jax (our search, our lowering)"),
-            Patch(
-                facecolor=IMPORTED_COLOR,
-                hatch="//",
-                edgecolor="white",
-                label="original Mirage's µGraph, our lowering",
-            ),
+            Patch(facecolor=IMPORTED_COLOR, hatch="//", edgecolor="white",
+                  label="original Mirage's µGraph, our lowering (its own form)"),
         ],
         fontsize=7,
-        loc="upper right",
-    )
+        loc="lower center",
+        ncols=2,
+        frameon=False,
+    )  # fmt: skip
     if results.get("timed"):
         title = f"mirage_jax on {results.get('device', '?')} ({results.get('date', '')})"
     else:
         title = f"mirage_jax --quick on {results.get('device', '?')}: not timed, nothing to plot"
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 
