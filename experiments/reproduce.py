@@ -921,7 +921,7 @@ def phase_time(args: argparse.Namespace) -> Path:
         "quick": bool(plan.get("quick")),
         "timed": timed,
         "complete": False,
-        "command": "python -m experiments.reproduce " + " ".join(args.argv or []),
+        "command": " ".join([args.prog, *args.argv]),
         "method": _method(args, timed),
         "timing": {"chain": args.chain, "repeats": args.repeats, "warmup": args.warmup},
         "float_tolerance": FP16_TOL,
@@ -1095,10 +1095,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def _defaults(args: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Namespace:
+def _defaults(
+    args: argparse.Namespace, argv: Sequence[str] | None, prog: str
+) -> argparse.Namespace:
     from experiments.benchmarks import PAPER_NAMES
 
     args.argv = list(argv) if argv is not None else sys.argv[1:]
+    if args.argv[:1] == ["reproduce"]:  # called as `mirage-jax reproduce ...`
+        args.argv = args.argv[1:]
+    args.prog = prog
     args.out_given = args.out is not None
     args.out = Path(args.out) if args.out else (QUICK_OUT if args.quick else RESULTS)
     args.plan_dir = RESULTS
@@ -1113,9 +1118,13 @@ def _defaults(args: argparse.Namespace, argv: Sequence[str] | None) -> argparse.
     return args
 
 
-def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    """Run the phases `args.phase` names (after `add_arguments`' parser)."""
-    args = _defaults(args, argv)
+def run(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None = None,
+    prog: str = "python -m experiments.reproduce",
+) -> int:
+    """Run the phases `args.phase` names (`args` from a parser given `add_arguments`)."""
+    args = _defaults(args, argv, prog)
     if args.phase == "figure":
         phase_figure(args)
         return 0

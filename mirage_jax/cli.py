@@ -1,4 +1,4 @@
-"""The `mirage-jax` command line: optimize, explain, bench, cache."""
+"""The `mirage-jax` command line: optimize, explain, bench, cache, reproduce."""
 
 from __future__ import annotations
 
@@ -316,6 +316,21 @@ def _cache_path(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------- reproduce
+def _reproduce(args: argparse.Namespace) -> int:
+    from experiments import reproduce
+
+    return reproduce.run(args, prog="mirage-jax reproduce")
+
+
+def _add_reproduce_args(p: argparse.ArgumentParser) -> None:
+    try:
+        from experiments.reproduce import add_arguments
+    except Exception:  # the help text must never fail
+        return
+    add_arguments(p)
+
+
 # ---------------------------------------------------------------------- parser
 def _add_function_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -443,6 +458,18 @@ def build_parser() -> argparse.ArgumentParser:
         _add_cache_arg(p, default=argparse.SUPPRESS)
         p.set_defaults(func=func)
     cache.set_defaults(func=lambda a: (cache.print_help(), 0)[1])
+
+    rep = sub.add_parser(
+        "reproduce",
+        help="reproduce the paper's figure: search (CPU), time (GPU), draw the figure",
+        description="Search each benchmark of experiments/benchmarks.py (--phase search, on a "
+        "CPU), time our µGraphs against XLA, cuDNN, the Pallas reference ops, tokamax and the "
+        "original's µGraphs on the GPU (--phase time), and draw the speedup figure and table "
+        "(--phase figure). --quick runs the whole path on the CPU at small shapes, untimed. "
+        "Same as python -m experiments.reproduce.",
+    )
+    _add_reproduce_args(rep)
+    rep.set_defaults(func=_reproduce)
     return parser
 
 
