@@ -417,6 +417,10 @@ def build_kernel(
     if len(plan.grid) > 3:
         raise LoweringError(f"{where}: grid {plan.grid} has more than 3 axes (Triton's limit)")
     n_axes = len(plan.grid)
+    try:
+        stages = plan.stages(config.num_stages)
+    except LoweringError as e:
+        raise LoweringError(f"{where}: {e}") from None
     out_dtypes = [plan.dtype(o.arg) for o in plan.bg.outputs]
     call = pl.pallas_call(
         functools.partial(_kernel, plan=plan, config=config),
@@ -424,9 +428,7 @@ def build_kernel(
         grid=plan.grid,
         in_specs=[_block_spec(dims, n_axes) for dims in plan.inputs],
         out_specs=[_block_spec(dims, n_axes) for dims in plan.outputs],
-        compiler_params=plt.CompilerParams(
-            num_warps=config.num_warps, num_stages=config.num_stages
-        ),
+        compiler_params=plt.CompilerParams(num_warps=config.num_warps, num_stages=stages),
         interpret=interpret,
         name=f"mugraph_kernel_{hashlib.sha1(repr(plan.bg).encode()).hexdigest()[:10]}",
     )

@@ -25,6 +25,8 @@ MIN_DOT = 16
 """Triton's tl.dot needs M, N, K >= 16."""
 MAX_TILE_ELEMENTS = 1 << 18
 """Largest in-register tile (elements) a plan accepts; beyond it Triton spills or never ends."""
+SMEM_BUDGET = 200 * 1024
+"""Shared memory the input tiles may take (the H100 has 227 KiB a block; Triton needs some)."""
 FMA_MAX_ELEMENTS = 1 << 15
 """Largest M·K·N of a matmul done as a broadcast multiply-sum on CUDA cores."""
 
@@ -129,13 +131,28 @@ class KernelPlan:
         )
         return acc + max(big, fma)
 
-    def input_bytes_per_iteration(self) -> int:
-        """Bytes of loop-varying input tiles one iteration loads (padded)."""
+    def input_bytes(self, loop: bool) -> int:
+        """Bytes of the padded input tiles one iteration loads (`loop`) or the block loads once."""
         return sum(
             math.prod(d.pad for d in dims) * np.dtype(b.dtype).itemsize
             for dims, b in zip(self.inputs, self.bg.inputs)
-            if b.forloop_dim is not None
+            if (b.forloop_dim is not None) == loop
         )
+
+    def stages(self, requested: int, smem_bytes: int = SMEM_BUDGET) -> int:
+        """Pipelining depth that fits: Triton stages each iteration's loads in shared memory.
+
+        Raises LoweringError when even one stage (plus the loop-invariant tiles) cannot fit.
+        """
+        once, per_iter = self.input_bytes(False), self.input_bytes(True)
+        if once + per_iter > smem_bytes:
+            raise LoweringError(
+                f"block tiles need {once + per_iter} bytes of shared memory per stage "
+                f"> {smem_bytes}: choose a larger grid or forloop_range"
+            )
+        if self.forloop_range == 1 or per_iter == 0:
+            return requested
+        return max(1, min(requested, (smem_bytes - once) // per_iter))
 
 
 class _UnionFind:

@@ -539,6 +539,10 @@ def build_kernel(
     check_rules(plan, where)
     if len(plan.grid) > 3:
         raise LoweringError(f"{where}: grid {plan.grid} has more than 3 axes (Triton's limit)")
+    try:
+        stages = plan.stages(config.num_stages)
+    except LoweringError as e:
+        raise LoweringError(f"{where}: {e}") from None
     name, source = kernel_source(plan, config)
     try:
         fn = load_kernel(name, source)
@@ -577,7 +581,7 @@ def build_kernel(
                 out_shape=out_shape,
                 grid=plan.grid,
                 num_warps=config.num_warps,
-                num_stages=config.num_stages,
+                num_stages=stages,
                 name=name,
             )
         )
