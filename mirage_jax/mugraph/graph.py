@@ -13,6 +13,18 @@ after a block op is the epilogue, and the lowering fuses it.
 dropped, duplicates merged, independent ops ordered by digest; inside each graph-defined
 kernel the inputs are ordered by (argument digest, imap, forloop_dim) and the outputs by
 digest. So two constructions that differ only in order are equal with equal `canonical_hash`.
+
+Design choices (and why):
+- A block graph is self-contained: each `BlockInput` carries its device tensor's shape and dtype,
+  so a block graph can be shape-checked, evaluated, costed and lowered on its own; the kernel
+  graph only checks that its arguments match.
+- Shapes are not stored on ops (only on inputs): they are inferred (`validate.block_info`,
+  cached), so an op cannot disagree with its own shape and `with_input_shapes` re-sizes a graph.
+- Accumulators are ordinary single-output block ops whose output is "after the loop"; other ops
+  may not mix loop and accumulated tensors (the original's `after_accum` rule), and outputs must
+  be accumulated. No separate loop region object is needed.
+- The online-softmax accumulators take their final shift explicitly (`accum_rescale_sum(x, m,
+  accum_max(m))`, see `ops.py`) so numerator and denominator share one shift.
 """
 
 from __future__ import annotations
