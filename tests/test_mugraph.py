@@ -533,3 +533,16 @@ def test_mugraph_equality_ignores_meta():
     a = rmsnorm_graph()
     b = MuGraph.build(a.ops, a.outputs, {"name": "other"})
     assert a == b and hash(a) == hash(b)
+
+
+def test_thread_level_epilogues():
+    from mirage_jax.mugraph.thread import epilogues
+
+    g = flash_attention_graph()
+    bg = g.graph_defined()[0][1].block_graph
+    chains = epilogues(bg)
+    names = {bg.ops[t - 3].op: [bg.ops[c - 3].op for c in ch] for t, ch in chains.items()}
+    assert names == {"matmul": ["mul_scalar"], "sub": ["exp"]}
+    g2 = gated_mlp_graph()
+    bg2 = g2.graph_defined()[0][1].block_graph
+    assert [bg2.ops[c - 3].op for ch in epilogues(bg2).values() for c in ch] == ["silu"]

@@ -23,8 +23,10 @@ from mirage_jax.mugraph.render import render as render
 from mirage_jax.mugraph.render import to_dot as to_dot
 from mirage_jax.mugraph.render import to_svg as to_svg
 from mirage_jax.mugraph.render import to_text as to_text
+from mirage_jax.mugraph.resize import with_input_shapes as with_input_shapes
 from mirage_jax.mugraph.serialize import from_json as from_json
 from mirage_jax.mugraph.serialize import to_json as to_json
+from mirage_jax.mugraph.thread import epilogues as epilogues
 from mirage_jax.mugraph.validate import TARGETS as TARGETS
 from mirage_jax.mugraph.validate import BlockInfo as BlockInfo
 from mirage_jax.mugraph.validate import Target as Target
