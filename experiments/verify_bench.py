@@ -2,6 +2,10 @@
 
 Usage: python -m experiments.verify_bench [--batches 1 8] [--repeats 3] [--names rmsnorm ...]
 
+On a shared machine run it with OPENBLAS_NUM_THREADS=1: with the cores oversubscribed, a second
+BLAS thread waits for a core and made every benchmark 2-7x slower here (lora 0.35 s against
+0.05 s); the variable is recorded with the results.
+
 Writes experiments/results/verify_times.md and verify_times.json (with machine information).
 Each benchmark is captured once with `lax_ir.capture`, verified against itself `repeats` times
 (fresh seeds), and reported by wall time (min and median) and process CPU time; the CPU time is
@@ -49,7 +53,25 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "blas": blas,
         "platform": platform.platform(),
+        "env": {
+            k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if k in os.environ
+        },
     }
+
+
+def blas_gflops(n: int = 1024, repeats: int = 3) -> float:
+    """A calibration: float64 GFLOP/s of an n³ matmul now (best of `repeats`); on a shared
+    machine it says how much of the machine a row had."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n)), rng.random((n, n))
+    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _seconds(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def time_one(program: Any, repeats: int) -> dict[str, Any]:
@@ -65,6 +87,7 @@ def time_one(program: Any, repeats: int) -> dict[str, Any]:
             raise AssertionError(f"{program!r} rejected against itself: {verdict.reason}")
     assert verdict is not None
     return {
+        "blas_gflops": blas_gflops(),
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "wall_min_s": min(walls),
         "wall_median_s": statistics.median(walls),
@@ -100,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{bench.key:22s} wall min {row['wall_min_s']:.3f}s "
                 f"median {row['wall_median_s']:.3f}s cpu {row['cpu_median_s']:.3f}s "
-                f"trials {row['trials']} bound {row['bound']:.1e}",
+                f"trials {row['trials']} bound {row['bound']:.1e} "
+                f"load {row['load_average_1min']:.1f} dgemm {row['blas_gflops']:.0f} GFLOP/s",
                 flush=True,
             )
     field = fields.default_field()
@@ -122,19 +146,22 @@ def main(argv: list[str] | None = None) -> int:
         "# fields.verify(program, program) at full size",
         "",
         f"p = {field.p}, q = {field.q}, ω = {field.omega}; machine: {record['machine']['cpu']}, "
-        f"{record['machine']['cores']} cores, load average at the end "
+        f"{record['machine']['cores']} cores, environment {record['machine']['env']}, "
+        "load average at the end "
         f"{record['machine']['load_average']}. Repeats: {args.repeats} (seeds 0..). CPU time "
         "counts both BLAS threads; on a shared machine the wall minimum and the CPU time are "
-        "the figures to read, with the load average beside them.",
+        "the figures to read, with the load average and a 1024³ float64 matmul's GFLOP/s "
+        "(measured after each row) beside them.",
         "",
-        "| benchmark | wall min (s) | wall median (s) | CPU median (s) | trials | bound | load (1 min) |",
-        "|---|---|---|---|---|---|---|",
+        "| benchmark | wall min (s) | wall median (s) | CPU median (s) | trials | bound "
+        "| load (1 min) | dgemm GFLOP/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['benchmark']} | {r['wall_min_s']:.3f} | {r['wall_median_s']:.3f} | "
             f"{r['cpu_median_s']:.3f} | {r['trials']} | {r['bound']:.1e} | "
-            f"{r['load_average_1min']:.1f} |"
+            f"{r['load_average_1min']:.1f} | {r['blas_gflops']:.1f} |"
         )
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
