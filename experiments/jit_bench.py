@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -40,6 +41,8 @@ from mirage_jax.cache import Cache
 
 TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 2e-4}
 LIMIT = 1.05
+FREE_OPS = ("parameter", "tuple", "get-tuple-element", "bitcast", "constant")
+"""HLO instructions that launch no kernel."""
 RESULTS = Path(__file__).resolve().parent / "results" / "jit_bench.json"
 
 
@@ -65,7 +68,6 @@ def seed_from_checkpoints(
 ) -> str:
     """Verify, lower and time the original's µGraphs for `bench`; store the fastest (or XLA)."""
     import fields
-    from mirage_jax.lower import lower
     from mirage_jax.mugraph import load_mirage_checkpoint
     from mirage_jax.profile import time_device
 
@@ -89,7 +91,7 @@ def seed_from_checkpoints(
         if not verdict.equal:
             continue
         try:
-            fn = lower(g, backend=_lower_backend(backend))
+            fn = api.lower_mugraph(g, key_backend)
             t = time_device(fn, inputs, chain=chain, repeats=repeats)
         except Exception as e:  # a µGraph the lowering cannot build is skipped, with a note
             print(f"  {g!r}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -111,7 +113,6 @@ def seed_from_checkpoints(
 def bench_one(
     bench: benchmarks.Benchmark, args: argparse.Namespace, cache: Cache
 ) -> dict[str, Any]:
-    from mirage_jax.lower import lower
     from mirage_jax.profile import time_device
 
     row: dict[str, Any] = {"benchmark": bench.key, "dtype": str(bench.dtype)}
@@ -133,30 +134,61 @@ def bench_one(
     decisions = record.decisions if record else ()
     row["regions"] = [{"index": d.index, "status": d.status, "reason": d.reason} for d in decisions]
     inputs = lambda seed: bench.make_inputs(seed)  # noqa: E731
-    t_xla = time_device(jax.jit(bench.fn), inputs, chain=args.chain, repeats=args.repeats)
-    t_jit = time_device(f, inputs, chain=args.chain, repeats=args.repeats)
-    row["jax_jit"] = t_xla.as_dict()
-    row["mirage_jit"] = t_jit.as_dict()
+    fns: dict[str, tuple[Any, Any]] = {
+        "jax_jit": (jax.jit(bench.fn), inputs),
+        "mirage_jit": (f, inputs),
+    }
     kernels = [d for d in decisions if d.status == "kernel"]
     if len(kernels) == 1 and len(decisions) == 1 and record is not None:
         region = record.partition.regions[kernels[0].index]
         pos = {nid: i for i, nid in enumerate(record.program.inputs)}
         if all(nid in pos for nid in region.inputs):
             order = [pos[nid] for nid in region.inputs]
-            alone = lower(kernels[0].mugraph, backend=_lower_backend(args.backend),
-                          interpret=args.backend == "pallas-interpret" or None)  # fmt: skip
-            t_mg = time_device(alone, lambda s: [inputs(s)[i] for i in order],
-                               chain=args.chain, repeats=args.repeats)  # fmt: skip
-            row["mugraph_alone"] = t_mg.as_dict()
-            row["jit_over_mugraph"] = t_jit.median_us / t_mg.median_us
-            row["within_limit"] = row["jit_over_mugraph"] <= LIMIT
-    row["jit_over_xla"] = t_jit.median_us / t_xla.median_us
-    row["device_time"] = t_jit.device_time
+            backend = api.effective_backend(args.backend)[0] or "pallas"
+            alone = api.lower_mugraph(kernels[0].mugraph, backend)
+            fns["mugraph_alone"] = (alone, lambda s: [inputs(s)[i] for i in order])
+            row["launches_jit"] = launches(f.lower(*xs).compile().as_text())
+            row["launches_mugraph"] = launches(
+                jax.jit(alone).lower(*[xs[i] for i in order]).compile().as_text()
+            )
+            row["same_launches"] = row["launches_jit"] == row["launches_mugraph"]
+    # Interleaved rounds: device time drifts (clocks, neighbours) by more than 5% between
+    # back-to-back measurements of one program, so every program is timed in every round.
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        for k, (fn, ins) in fns.items():
+            t = time_device(fn, ins, chain=args.chain, repeats=args.repeats)
+            samples[k].append(t.median_us)
+            row[k] = t.as_dict() | {"rounds_us": samples[k]}
+    for k in fns:
+        row[k]["median_us"] = float(np.median(samples[k]))
+    if "mugraph_alone" in fns:
+        row["jit_over_mugraph"] = row["mirage_jit"]["median_us"] / row["mugraph_alone"]["median_us"]
+        row["within_limit"] = row["jit_over_mugraph"] <= LIMIT
+    row["jit_over_xla"] = row["mirage_jit"]["median_us"] / row["jax_jit"]["median_us"]
+    row["device_time"] = row["mirage_jit"]["device_time"]
     return row
 
 
-def _lower_backend(backend: str) -> str:
-    return "pallas" if backend in ("auto", "pallas-interpret") else backend
+def launches(hlo_text: str) -> list[str]:
+    """The device work of a compiled HLO module: one entry per kernel the entry computation
+    runs (custom calls by target and kernel name, fusions by kind), names of values dropped."""
+    entry = hlo_text[hlo_text.index("\nENTRY ") :]
+    entry = entry[: entry.index("\n}")]
+    out = []
+    for line in entry.splitlines()[1:]:
+        m = re.search(r"=.*?\s([a-z][a-z0-9-]*)\(", line)
+        if m is None or m.group(1) in FREE_OPS:
+            continue
+        op = m.group(1)
+        if op == "custom-call":
+            target = line.split('custom_call_target="')[1].split('"')[0]
+            name = line.split('name = "')[1].split('"')[0] if 'name = "' in line else ""
+            op = f"custom-call {target} {name}".strip()
+        elif op == "fusion":
+            op = "fusion " + line.split("kind=")[1].split(",")[0]
+        out.append(op)
+    return sorted(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-candidates", type=int, default=8)
     parser.add_argument("--chain", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--out", default=str(RESULTS), help="results JSON")
     args = parser.parse_args(argv)
     names = args.names or list(benchmarks.PAPER_NAMES)
@@ -193,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"ratio {ratio:.3f} {'ok' if row['within_limit'] else 'OVER'}"
                    if ratio is not None else "(no kernel chosen)")
                 + f"  error {row['error_vs_jax_jit']:.1e}"
+                + ("" if "same_launches" not in row
+                   else "  same kernels" if row["same_launches"] else "  DIFFERENT kernels")
                 + ("" if row["device_time"] else "  [CPU wall, not device time]"),
                 flush=True,
             )  # fmt: skip

@@ -515,7 +515,7 @@ def _search_and_select(
             if not verdict.equal:
                 continue
             order = json.loads(verification_record("", "", verdict))["output_order"]
-            fn = _lower(g, backend, opts.lower_config)
+            fn = lower_mugraph(g, backend, opts.lower_config)
             _float_check(fn, program, inputs, order)
         except Exception as e:  # a candidate that fails to lower or to agree is skipped
             failures.append(f"{type(e).__name__}: {e}")
@@ -677,7 +677,7 @@ def _kernel(
     """The region's replacement (a custom_vjp around the lowered µGraph), or why not."""
     program = region.program
     try:
-        impl = _lower(decision.mugraph, backend, lower_config)
+        impl = lower_mugraph(decision.mugraph, backend, lower_config)
     except Exception as e:
         warn_once(
             f"lower:{decision.cache_key}:{backend}",
@@ -713,7 +713,10 @@ def _kernel(
     return with_xla_vjp(ordered, program)
 
 
-def _lower(mugraph: Any, backend: str, lower_config: Any) -> Callable[..., Sequence[Any]]:
+def lower_mugraph(
+    mugraph: Any, backend: str, lower_config: Any = None
+) -> Callable[..., Sequence[Any]]:
+    """The µGraph as a JAX function for a `mirage_jax.jit` backend (not "auto"/"xla")."""
     if backend == "reference":
         from mirage_jax.mugraph import evaluate
 
