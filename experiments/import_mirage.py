@@ -196,7 +196,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--peer", type=Path, default=PEER)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json")
     args = ap.parse_args(argv)
+    if args.render_only:
+        saved = json.loads((args.out / "import_mirage.json").read_text())
+        (args.out / "import_mirage.md").write_text(_markdown(saved["summary"], saved["files"]))
+        return 0
 
     from mirage_jax.mugraph import load_mirage_checkpoint
 
@@ -393,8 +398,9 @@ the float64 reference (relative errors above 1, column `why`), so the µGraph co
 function: the error is theirs unless our semantics of some op is wrong. Three observations say
 it is theirs. (1) Our semantics of every op these µGraphs use (rms_norm, accum_sum,
 accum_sum_last, accum_rms_last, mul, div, exp, matmul) is the same code that verifies, exactly
-in the field, the {v} distinct RMSNorm, GQA, GatedMLP, LoRA and nTrans µGraphs, and every op's
-recorded shape matched our shape inference on import. (2) The rejected µGraphs are exactly the
+in the field, the {v} distinct RMSNorm, GQA, GatedMLP, LoRA and nTrans µGraphs (kernel-level
+exp and matmul, which only QKNorm uses, run the same op-table entries as the block-level ones
+GQA uses), and every op's recorded shape matched our shape inference on import. (2) The rejected µGraphs are exactly the
 {r} distinct QKNorm µGraphs (all 190 of each QKNorm file; no other workload has a rejection).
 (3) In every one of them the output is unchanged when the head dim of Q (input 0) is permuted,
 while attention's output changes: these µGraphs use Q only through row sums (accum_sum_last or
@@ -402,7 +408,8 @@ accum_rms_last of rms_norm(Q) over the head dim) and then multiply with rows of 
 outer product, or a matmul over the wrong dim), so Q·K is never formed. Such a function cannot
 equal softmax(rms_norm(Q)·K)·rms_norm(V) on generic inputs. The original accepted them with a
 single deterministic fingerprint test over Z_167 × Z_83 (MIRAGE.md §4), on structured inputs
-((input_idx·100003 + idx) mod pq); its issue #166 reports QKNorm searches finding nothing useful.
+((input_idx·100003 + idx) mod pq); its issues #166, #236 and #377 report QKNorm searches that
+find no µGraph (MIRAGE.md §8).
 See tests/test_mugraph_import.py::test_qknorm_checkpoints_are_wrong.
 """
 
