@@ -462,6 +462,16 @@ def _bthd(q, k, v):
     return q[:, :, None, :], k.transpose(0, 2, 1)[:, :, None, :], v[:, :, None, :]
 
 
+def _bthd_heads(q, k, v):
+    """(heads, T, D), (heads, D, S), (heads, S, D) → (B=1, T, N=heads, D) and (1, S, heads, D)."""
+    return q.transpose(1, 0, 2)[None], k.transpose(2, 0, 1)[None], v.transpose(1, 0, 2)[None]
+
+
+def _from_bthd_heads(o):
+    """(1, T, heads, D) → (heads, T, D), for the float check only (not timed)."""
+    return o[0].transpose(1, 0, 2)
+
+
 def _decode(q, k, v):
     """→ Pallas decode layout: q (B, Hq, D), k and v (B, S, 1, D)."""
     return q, k.transpose(0, 2, 1)[:, :, None, :], v[:, :, None, :]
@@ -472,10 +482,12 @@ def _import_tokamax() -> Any:
     if importlib.util.find_spec("tokamax") is None:
         raise ImportError("tokamax is not installed")
     if importlib.util.find_spec("xprof") is None:  # used only by tokamax.benchmarking
-        import types
+        from importlib.machinery import ModuleSpec
 
         for name in ("xprof", "xprof.cli", "xprof.cli.tools"):
-            sys.modules.setdefault(name, types.ModuleType(name))
+            if name not in sys.modules:
+                spec = ModuleSpec(name, None, is_package=name != "xprof.cli.tools")
+                sys.modules[name] = importlib.util.module_from_spec(spec)
         sys.modules["xprof.cli.tools"].get_kernel_stats_tool = None  # type: ignore[attr-defined]
     import tokamax
 
@@ -514,11 +526,18 @@ def baselines(bm: Any, interpret: bool, on_gpu: bool) -> list[dict[str, Any]]:
             o = jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
             return o.reshape(o.shape[0], o.shape[1], o.shape[3])
 
-        out.append(
-            {"label": "cuDNN attention", "fn": jax.jit(cudnn), "layout": _bthd}
-            if on_gpu
-            else {"label": "cuDNN attention", "status": "unsupported: no GPU"}
-        )
+        def cudnn_heads(q, k, v):  # (1, T, heads, D), (1, S, heads, D)
+            if norm:
+                q, k = norm_qk(q, k)
+            return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+
+        if on_gpu:  # both layouts of the heads: cuDNN's speed depends on it
+            out.append({"label": "cuDNN attention (B=heads)", "fn": jax.jit(cudnn),
+                        "layout": _bthd})  # fmt: skip
+            out.append({"label": "cuDNN attention (N=heads)", "fn": jax.jit(cudnn_heads),
+                        "layout": _bthd_heads, "unlayout": _from_bthd_heads})  # fmt: skip
+        else:
+            out.append({"label": "cuDNN attention", "status": "unsupported: no GPU"})
 
         def pallas_gqa(q, k, v):
             decode_attention = _pallas_op("decode_attention")
@@ -769,6 +788,8 @@ def _run_contender(c: dict, bm: Any, inputs: _Inputs, opts: dict) -> dict[str, A
     try:
         sets = inputs.sets(bench, c.get("layout"))
         out = jax.block_until_ready(c["fn"](*sets[0]))
+        if "unlayout" in c:  # the contender's own output layout, converted untimed
+            out = c["unlayout"](out)
         rec["rel_err"] = rel_err(out, inputs.reference(bench))
     except Exception as e:
         rec.update(status=f"failed: {_err(e)}", compile_s=round(time.perf_counter() - t0, 2))
@@ -991,8 +1012,9 @@ def _method(args: argparse.Namespace, timed: bool) -> str:
         f"so the chain's working set exceeds 2x the L2), timed against 1 call; per call = "
         f"(t({args.chain + 1}) - t(1)) / {args.chain}; {args.warmup} warm-up runs; median and "
         f"p10/p90 over {args.repeats} repeats. Layout changes a baseline needs (cuDNN/tokamax "
-        "(B,T,N,H), Pallas decode (B,S,K,D)) are made once outside the timed program. Floors "
-        "use the copy bandwidth measured in the same run."
+        "(B,T,N,H), Pallas decode (B,S,K,D)) are made once outside the timed program, on its "
+        "inputs and (for the float check only) its output. Floors use the copy bandwidth "
+        "measured in the same run."
     )
 
 
