@@ -443,6 +443,7 @@ def test_explain_reports_regions_mugraphs_and_bounds(tmp_path):
 
 def test_missing_search_module_warns_once_and_runs_xla(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mirage_jax.search", None)  # as if it were not installed
+    monkeypatch.delattr(mirage_jax, "search", raising=False)
     bench, specs, xs = bench_f32("lora")
     f = mirage_jax.jit(bench.fn, backend="reference", cache=tmp_path / "c.sqlite")
     with pytest.warns(mirage_jax.MirageWarning, match="mirage_jax.search is not available"):
