@@ -13,8 +13,9 @@ safe prime below 2^31 and q the Sophie Germain prime under it:
   computed where an exp needs it (`fields.array`), and there the q-matmuls have small K.
 - Random p-residues are uniform on S = [0, 2^30) ⊂ Z_p (exact and fast to draw); Schwartz–Zippel
   needs only a uniform draw from some set S, with error degree/|S|. One trial of the benchmark
-  programs errs with probability at most 3.1e-5 (`fields.verify` states the bound; degrees from
-  `fields.degree`), so two trials reach 1e-9.
+  programs errs with probability at most 2.5e-8 (3.1e-5 for qknorm_mirage, whose V is normalised
+  along the contraction, so its sum has 4096 distinct denominators); `fields.verify` states the
+  bound, from the degrees `fields.degree` computes, and two trials reach 1e-9.
 
 Matmul. Residues are < 2^31, so one product already exceeds 2^53 and float64 BLAS is not exact
 on residues directly. `matmul_mod` splits the smaller operand into L limbs of s bits, the widest

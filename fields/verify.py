@@ -16,9 +16,10 @@ for the theory of identity testing with exponentiation gates). Trials are indepe
 accepted pair carries `bound = ε ** trials`; void trials (a zero denominator) are redrawn and
 conditioning on them changes ε by a factor 1/(1 − P(void)), negligible at these sizes.
 
-Trials: by default the fewest (at least two) that bring the bound to 1e-9 (the brief's fixed
-three is then one more than needed: two trials give 2.3e-10 for rms_norm and attention, so a
-third buys nothing the target asks for and costs half again the time); `trials=` overrides.
+Trials: by default the fewest (at least two) that bring the bound to 1e-9. The brief's fixed
+three is one more than needed: two trials give about 1e-16 for rms_norm and attention and
+9.3e-10 for the worst benchmark (qknorm_mirage), so a third buys nothing the target asks for
+and costs half again the time; `trials=` overrides.
 
 Errors go one way. An accept of unequal programs has probability ≤ `bound`. A reject means the
 two differ in the field semantics: a real difference, or one the field sees and the reals do

@@ -259,7 +259,7 @@ def test_a_small_field_gives_a_weak_bound():
     f = lax_ir.capture(lambda x, w: rms_norm(x) @ w, X, W)
     g = lax_ir.capture(lambda x, w: (x @ w) / rms(x), X, W)
     v = fields.verify(f, g, field=mirage, max_void_trials=100)
-    assert v and v.p == 167 and v.bound > 1e-3
+    assert v and v.p == 167 and v.per_trial_bound > 1e-2 and v.trials > 5
     assert not fields.verify(f, lax_ir.capture(lambda x, w: x @ w, X, W), field=mirage)
 
 
@@ -269,3 +269,20 @@ def test_default_trials_reach_the_target_bound():
     assert v.per_trial_bound < 1e-4 and v.bound <= 1e-9
     assert v.trials == fields.verify(f, f, target_bound=1e-9).trials
     assert fields.verify(f, f, target_bound=1e-30).trials > v.trials
+
+
+def test_degree_bounds_share_denominators_along_sums():
+    def degree(fn, *specs):
+        return fields.degree_bound(lax_ir.capture(fn, *specs))
+
+    assert degree(lambda x, w: rms_norm(x) @ w, X, W).output == 3
+    assert degree(lambda x, w: (x @ w) / rms(x), X, W).output == 3
+    attention = (spec(2, 8, 4), spec(2, 4, 16), spec(2, 16, 4))
+    d = degree(lambda q, k, v: naive_softmax(q @ k) @ v, *attention)
+    assert d.output == 3 and d.exponent == 2
+    # a sum of terms with distinct denominators: they multiply
+    assert degree(lambda x, y: jnp.sum(x / y, axis=-1), X, X).output == (1 + 31) + 32
+    # split-K through reshapes keeps the shared denominator
+    split = lambda x: jnp.sum(jnp.sum((x / rms(x)).reshape(4, 4, 8), -1), -1)  # noqa: E731
+    assert degree(split, X).output == 2
+    assert degree(lambda x: jnp.sqrt(x @ x.T), SQ).uninterpreted == 2
