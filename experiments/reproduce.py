@@ -1129,8 +1129,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=1,
         help="time phase: candidates also lowered through jax-triton (default 1)",
     )
-    p.add_argument("--chain", type=int, default=16, help="calls per chained timing program")
-    p.add_argument("--repeats", type=int, default=15, help="timing repeats (median, p10/p90)")
+    p.add_argument("--chain", type=int, default=32, help="calls per chained timing program")
+    p.add_argument("--repeats", type=int, default=25, help="timing repeats (median, p10/p90)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
     p.add_argument("--deadline-s", type=float, default=500.0,
                    help="time phase: stop timing after this many seconds (8 min 20 s: the "
