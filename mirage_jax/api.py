@@ -427,12 +427,12 @@ class Resolver:
                     f"({type(e).__name__}: {e})",
                 )
         if found.mugraph is None:
-            return _xla(region, f"searched: {found.reason}", source="search", entry=entry)
+            return _xla(region, f"search: {found.reason}", source="search", entry=entry)
         return RegionDecision(
             index=region.index,
             region_hash=entry.region_hash,
             status="kernel",
-            reason=f"searched: {found.reason}",
+            reason=found.reason,
             source="search",
             mugraph=found.mugraph,
             verification=entry.verification,

@@ -134,6 +134,11 @@ def _region_lines(d: RegionDecision) -> list[str]:
         )
     elif xla is not None:
         lines.append(f"  time: XLA {float(xla):.2f} µs")
+    elif t.get("estimated_us") is not None:
+        lines.append(
+            f"  time: not measured (no GPU); the cost model estimates "
+            f"{float(t['estimated_us']):.2f} µs on the target GPU"
+        )
     else:
         lines.append("  time: not measured")
     return lines
