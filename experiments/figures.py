@@ -246,10 +246,10 @@ def markdown(results: dict[str, Any]) -> str:
             for x in r.get("search", [])
         )
         lines.append(
-            f"| {r['name']} | {r['batch']} | {_time(ours) if ours else _ours_status(r)} "
+            f"| {r['name']} | {r['batch']} | {_time(ours) + _short(ours) if ours else _ours_status(r)} "
             f"| {base['label'] + ' ' + _fmt(base['us']) if base else '–'} "
             f"| {_fmt(r.get('xla_us'))} | {_fmt(r.get('speedup'), '.2f')} "
-            f"| {_fmt(r.get('jit_us'))} | {_fmt(r.get('floor_us'))} "
+            f"| {_fmt(r.get('jit_us'))} | {_fmt(r.get('floor_us'), '.2f')} "
             f"| {_fmt(r.get('fraction_of_floor'), '.2f')} "
             f"| {_fmt(imp and imp['us'])} ({_fmt(imp and imp['speedup'], '.2f')}) "
             f"| {_fmt(bound, '.1e')} | {srch} |"
@@ -279,6 +279,12 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     lines += [f"- {x['claim']} ({x['source']})" for x in results.get("reported", REPORTED)]
     return "\n".join(lines) + "\n"
+
+
+def _short(c: dict) -> str:
+    """ " (#1 triton)" from "mirage_jax #1 (triton)"."""
+    label = c["label"].removeprefix("mirage_jax ").replace("(", "").replace(")", "")
+    return f" ({label})"
 
 
 def _ours_status(r: dict) -> str:

@@ -110,7 +110,7 @@ def test_figure_and_table_from_results(tmp_path):
     written = figures.write(_results(rows), tmp_path, "h100-test")
     assert {p.suffix for p in written} == {".md", ".png", ".svg"}
     md = (tmp_path / "h100-test.md").read_text()
-    assert "| gqa | 1 | 5.0 [4.5–5.5] | cuDNN attention 10.0 | 15.0 | 2.00 |" in md
+    assert "| gqa | 1 | 5.0 [4.5–5.5] (#1 pallas) | cuDNN attention 10.0 | 15.0 | 2.00 |" in md
     assert "float check failed" in md  # every contender is listed
     assert "quoted as reported, not measured here" in md
     assert "up to 3.3x over the best baseline" in md
