@@ -33,12 +33,12 @@ def _fresh_warnings():
         yield
 
 
-def assert_close(got, want):
+def assert_close(got, want, tol=None):
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
-        tol = TOL[str(np.dtype(w.dtype))]
+        t = tol or TOL[str(np.dtype(w.dtype))]
         g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        np.testing.assert_allclose(g64, w64, rtol=tol, atol=tol * (np.max(np.abs(w64)) + 1e-30))
+        np.testing.assert_allclose(g64, w64, rtol=t, atol=t * (np.max(np.abs(w64)) + 1e-30))
 
 
 # ---------------------------------------------------------------------- hand-built µGraphs
@@ -193,20 +193,64 @@ def warm_up_pallas_interpret():
     pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x)
 
 
-def check_kernel_path(f, bench, xs):
+def check_kernel_path(f, bench, xs, tol=None):
     ref = jax.jit(bench.fn)
-    assert_close(f(*xs), ref(*xs))
+    assert_close(f(*xs), ref(*xs), tol)
     assert (f.stats.kernels, f.stats.cache_hits) == (1, 1)
     ct = jnp.asarray(np.random.default_rng(0).standard_normal(ref(*xs).shape), jnp.float32)
     argnums = tuple(range(len(xs)))
     grad = lambda g: jax.grad(lambda *a: jnp.sum(g(*a) * ct), argnums=argnums)  # noqa: E731
-    assert_close(grad(f)(*xs), grad(ref)(*xs))
+    assert_close(grad(f)(*xs), grad(ref)(*xs), tol)
     batched = jnp.stack([xs[0], 0.5 * xs[0], -xs[0]])
     in_axes = (0,) + (None,) * (len(xs) - 1)
-    assert_close(jax.vmap(f, in_axes)(batched, *xs[1:]), jax.vmap(ref, in_axes)(batched, *xs[1:]))
+    vm = lambda g: jax.vmap(g, in_axes)(batched, *xs[1:])  # noqa: E731
+    assert_close(vm(f), vm(ref), tol)
     outer = jax.jit(lambda *a: 2.0 * f(*a))
-    assert_close(outer(*xs), 2.0 * ref(*xs))
+    assert_close(outer(*xs), 2.0 * ref(*xs), tol)
     assert f.stats.captures == 1  # grad, vmap and the outer jit reused the one trace
+
+
+# ---------------------------------------------------------------------- on the GPU
+GPU_TOL = 1e-2  # f32 dots run as TF32 in Triton kernels and in XLA, differently
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", benchmarks.names())
+def test_gpu_kernel_level_mugraphs_match_jax_jit(name, tmp_path):
+    bench, specs, xs = bench_f32(name)
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, MUGRAPHS[name], specs, "pallas")
+    f = mirage_jax.jit(bench.fn, search="cached", cache=cache)  # auto: Pallas on the GPU
+    check_kernel_path(f, bench, xs, GPU_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name, build", [("rmsnorm", rmsnorm_block_graph), ("gated_mlp", gated_block_graph)]
+)
+def test_gpu_graph_defined_pallas_kernels_match_jax_jit(name, build, tmp_path):
+    bench, specs, xs = bench_f32(name)
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, build, specs, "pallas")
+    f = mirage_jax.jit(bench.fn, search="cached", cache=cache)
+    check_kernel_path(f, bench, xs, GPU_TOL)
+    assert "pallas_call" in str(jax.make_jaxpr(f)(*xs))
+
+
+@pytest.mark.gpu
+def test_gpu_transformer_block_with_a_pallas_kernel(tmp_path):
+    params, x, pad = block_inputs()
+    cache = Cache(tmp_path / "c.sqlite")
+    specs = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x, pad)
+    )
+    part = lax_ir.partition(lax_ir.capture(transformer_block, *specs))
+    (mlp,) = [r for r in part.regions if "logistic" in r.program.op_counts()]
+    mlp_specs = [jax.ShapeDtypeStruct(s, d) for s, d in mlp.program.input_avals]
+    inject(cache, mlp.program, mlp_mugraph, mlp_specs, "pallas")
+    f = mirage_jax.jit(transformer_block, search="cached", cache=cache)
+    check_block(f, params, x, pad, GPU_TOL)
+    assert (f.stats.kernels, f.stats.captures) == (1, 1)
 
 
 # ---------------------------------------------------------------------- a model-shaped block
@@ -268,16 +312,16 @@ def test_transformer_block_matches_jax_jit(tmp_path):
     assert (f.stats.kernels, f.stats.captures) == (1, 1)
 
 
-def check_block(f, params, x, pad):
+def check_block(f, params, x, pad, tol=None):
     ref = jax.jit(transformer_block)
-    assert_close(f(params, x, pad), ref(params, x, pad))
+    assert_close(f(params, x, pad), ref(params, x, pad), tol)
     loss = lambda g: lambda p, x: jnp.sum(g(p, x, pad) ** 2)  # noqa: E731
     assert_close(jax.grad(loss(f), argnums=(0, 1))(params, x),
-                 jax.grad(loss(ref), argnums=(0, 1))(params, x))  # fmt: skip
+                 jax.grad(loss(ref), argnums=(0, 1))(params, x), tol)  # fmt: skip
     xb = jnp.stack([x, x[::-1], 2 * x])
     vm = lambda g: jax.vmap(g, (None, 0, None))(params, xb, pad)  # noqa: E731
-    assert_close(vm(f), vm(ref))
-    assert_close(jax.jit(lambda p, x: f(p, x, pad) - x)(params, x), ref(params, x, pad) - x)
+    assert_close(vm(f), vm(ref), tol)
+    assert_close(jax.jit(lambda p, x: f(p, x, pad) - x)(params, x), ref(params, x, pad) - x, tol)
 
 
 # ---------------------------------------------------------------------- calling conventions
