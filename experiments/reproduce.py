@@ -93,6 +93,24 @@ def versions() -> dict[str, Any]:
     for name in ("galois", "egglog", "matplotlib"):
         out[name] = _dist_version(name)
     try:
+        import mirage_jax
+
+        out["mirage_jax"] = mirage_jax.__version__
+    except Exception:
+        pass
+    try:  # on the GPU machine: the driver and cuDNN
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        if smi.returncode == 0:
+            out["nvidia_smi"] = smi.stdout.strip()
+            from jax._src.lib import cuda_versions  # private, version reporting only
+
+            out["cudnn"] = cuda_versions.cudnn_get_version() if cuda_versions else None
+    except Exception:
+        pass
+    try:
         commit = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
             capture_output=True,
