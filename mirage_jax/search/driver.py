@@ -484,7 +484,8 @@ def search(
                 for s, key in o.accepted:
                     accepted.append((depth, o.index, s, key))
                     found_at.setdefault(o.index, depth)
-                    best_depth = depth if best_depth is None else min(best_depth, depth)
+                    total = sum(len(k.ops) for k in s.kernels)  # a split-K pair counts both
+                    best_depth = total if best_depth is None else min(best_depth, total)
                 if o.stopped and stop_reason == "exhausted":
                     stop_reason = o.stopped
             if bar is not None:

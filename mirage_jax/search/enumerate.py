@@ -180,6 +180,9 @@ class BlockEnumerator:
         tensors = list(self.inputs)
         uses = [0] * len(tensors)
         self._pairs: list[tuple[int, int, BT]] = []  # valid matmul operand pairs on the path
+        self._sigs: dict[tuple, int] = {}  # values on the path (see `_signature`)
+        for t in tensors:
+            self._sigs[self._signature(t)] = 1
         pending: list[tuple] = []
         for n in range(len(tensors)):
             pending += self._new_candidates(tensors, n)
@@ -205,6 +208,11 @@ class BlockEnumerator:
         for idx, (_, name, args, params, bt) in enumerate(pending):
             if self.should_stop():
                 return
+            sig = self._signature(bt)
+            if sig in self._sigs:
+                self.c.prune("equivalent")
+                continue
+            self._sigs[sig] = self._sigs.get(sig, 0) + 1
             tensors.append(bt)
             uses.append(0)
             for a in args:
@@ -212,12 +220,20 @@ class BlockEnumerator:
             ops.append((name, args, params))
             child = pending[idx + 1 :] + self._new_candidates(tensors, n)
             yield from self._dfs(tensors, uses, ops, child, max_ops)
+            del self._sigs[sig]
             del self._pairs[n_pairs:]
             ops.pop()
             for a in args:
                 uses[a] -= 1
             uses.pop()
             tensors.pop()
+
+    def _signature(self, t: BT) -> tuple:
+        """What a tensor is, up to the axioms: a second tensor with the same is redundant."""
+        return (
+            self.targets.class_of(t.term), t.labels, t.post, t.partial, t.shift, t.shifted,
+            t.transfer,
+        )  # fmt: skip
 
     def _new_candidates(self, tensors, top: int) -> list[tuple]:
         """Checked candidates whose largest argument is tensor `top`, sorted by key."""

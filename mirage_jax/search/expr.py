@@ -11,9 +11,17 @@ uninterpreted functions, a softmax shift is `shift(k, x)`. Terms are plain hasha
 Targets (the outputs of the region Program) are added to one egglog e-graph and saturated once
 with the axioms below (Mirage §3: commutativity, associativity, distributivity, division rules,
 reductions over +, · and /, merging and commuting reductions, exp of a sum). The e-graph then
-holds every term equal to a target under the axioms and every subterm of those, so "is this
-candidate a subexpression of some output" is a lookup (`Targets.contains`), memoised on the
-term. A block tensor's expression does not see tiling: a partial sum over a chunk of k is
+holds every term equal to a target under the axioms and every subterm of those. It is dumped
+once into a Python table (op, child e-classes) -> e-class, so "is this candidate a
+subexpression of some output" is one dict lookup per new op (its arguments' e-classes are
+already known): about 1 µs, against 1-20 ms for an egglog `check` call (measured on ntrans).
+
+Distributivity and x/z + y/z = (x+y)/z are used in the factoring direction only. Expanding
+puts every monomial of every expansion into the e-graph, and each of them then passes as a
+"subexpression": on ntrans the saturated e-graph has 74,916 nodes with both directions and 67
+with factoring only, and a depth-5 block enumeration drops from 136k nodes (113 s) to 1.3k
+(1.1 s). The cost: the search never computes a more expanded form than the program's own (it
+still finds factored ones, which are cheaper). A block tensor's expression does not see tiling: a partial sum over a chunk of k is
 still `red(k, ·)` (`red(k, red(k, x)) = red(k, x)`), which is what lets a one-kernel schedule
 match a program that reduces in one go. As in the original, reductions commute with a product
 or quotient unconditionally (an over-approximation: pruning stays sound, the verifier decides).
@@ -21,6 +29,7 @@ or quotient unconditionally (an over-approximation: pruning stays sound, the ver
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -289,6 +298,9 @@ def _dyadic(x: float) -> bool:
 
 
 # ---------------------------------------------------------------------------- e-graph
+_BINARY_OPS = {"add": "· + ·", "mul": "· * ·", "div": "· / ·"}
+
+
 def _egglog_module():
     import egglog as eg
 
@@ -328,12 +340,10 @@ def _egglog_module():
         eg.rewrite((a * b) * c).to(a * (b * c)),
         eg.rewrite(a * (b * c)).to((a * b) * c),
         eg.rewrite(one * a).to(a),
-        # distributivity
-        eg.rewrite(a * (b + c)).to(a * b + a * c),
+        # distributivity, factoring only (see the module docstring)
         eg.rewrite(a * b + a * c).to(a * (b + c)),
         # division: x/z + y/z = (x+y)/z, x·(y/z) = xy/z
         eg.rewrite(a / c + b / c).to((a + b) / c),
-        eg.rewrite((a + b) / c).to(a / c + b / c),
         eg.rewrite(a * (b / c)).to((a * b) / c),
         eg.rewrite((a * b) / c).to(a * (b / c)),
         # reductions: over +, ·, /; merging (tiling) and commuting
@@ -372,8 +382,7 @@ class Targets:
         self.terms = tuple(terms)
         self.limits = (max_iterations, max_nodes, max_seconds)
         self._egraph: Any = None
-        self._memo: dict[Term, bool] = {}
-        self._eq_memo: dict[tuple[Term, int], bool] = {}
+        self._classes: dict[Term, str | None] = {}
         self.stop_reason = ""
         self.nodes = 0
         self.seconds = 0.0
@@ -391,10 +400,8 @@ class Targets:
         self._mod = (eg, T, red_, shift_, ex, fn_)
         self._conv: dict[Term, Any] = {}
         egraph = eg.EGraph()
-        roots = [self._to_egg(t) for t in self.terms]
-        for r in roots:
-            egraph.register(r)
-        self._roots = roots
+        for t in self.terms:
+            egraph.register(self._to_egg(t))
         t0 = time.perf_counter()
         max_it, max_nodes, max_s = self.limits
         self.stop_reason = "iterations"
@@ -410,8 +417,11 @@ class Targets:
             if time.perf_counter() - t0 > max_s:
                 self.stop_reason = "time"
                 break
+        self._index(egraph)
         self.seconds = time.perf_counter() - t0
         self._egraph = egraph
+        self._conv = {}
+        self._roots = [self._class_of(t) for t in self.terms]
 
     def _to_egg(self, t: Term) -> Any:
         got = self._conv.get(t)
@@ -445,37 +455,75 @@ class Targets:
         self._conv[t] = out
         return out
 
+    def _index(self, egraph: Any) -> None:
+        """The saturated e-graph as a hash table: (op, child e-classes) -> e-class."""
+        data = json.loads(egraph._serialize(split_primitive_outputs=False).to_json())
+        nodes = data["nodes"]
+        self._prim: dict[str, str] = {}
+        self._table: dict[tuple, str] = {}
+        for n in nodes.values():
+            op = n["op"]
+            if op.startswith('"'):
+                self._prim[json.loads(op)] = n["eclass"]
+        for n in nodes.values():
+            op = n["op"]
+            if op.startswith('"'):
+                continue
+            key = (op, tuple(nodes[c]["eclass"] for c in n["children"]))
+            self._table[key] = n["eclass"]
+
+    def _class_of(self, t: Term) -> str | None:
+        """The e-class of term `t` in the saturated e-graph, or None (a lookup per node)."""
+        if t in self._classes:
+            return self._classes[t]
+        n = node(t)
+        tag = n[0]
+        prim = self._prim
+        key: tuple | None
+        if tag == "var":
+            key = ("T", (prim.get(n[1]),))
+        elif tag == "const":
+            key = ("T.c", (prim.get(n[1]),))
+        elif tag == "count":
+            key = ("T.c", (prim.get(f"n{n[1]}"),))
+        elif tag in ("add", "mul", "div"):
+            key = (_BINARY_OPS[tag], (self._class_of(n[1]), self._class_of(n[2])))
+        elif tag == "exp":
+            key = ("ex", (self._class_of(n[1]),))
+        elif tag == "fn":
+            key = ("fn", (prim.get(n[1]), self._class_of(n[2])))
+        else:  # red, shift
+            key = (tag, (prim.get(f"d{n[1]}"), self._class_of(n[2])))
+        got = None if None in key[1] else self._table.get(key)
+        self._classes[t] = got
+        return got
+
     @property
     def egraph(self) -> Any:
         if self._egraph is None:
             self._build()
         return self._egraph
 
+    def class_of(self, t: Term) -> str | None:
+        """The e-class of `t` (None if `t` is not a subexpression of any target)."""
+        if self._egraph is None:
+            self._build()
+        return self._class_of(t)
+
     def contains(self, t: Term) -> bool:
-        """Is `t` a subexpression of some target (up to the axioms)? Memoised."""
-        got = self._memo.get(t)
-        if got is None:
-            egraph = self.egraph
-            self.lookups += 1
-            got = bool(egraph.check_bool(self._to_egg(t)))
-            self._memo[t] = got
-        return got
+        """Is `t` a subexpression of some target (up to the axioms)? A table lookup."""
+        if self._egraph is None:
+            self._build()
+        self.lookups += 1
+        return self._class_of(t) is not None
 
     def equals(self, t: Term, index: int) -> bool:
-        """Is `t` equal to target `index` under the axioms? Memoised."""
-        key = (t, index)
-        got = self._eq_memo.get(key)
-        if got is None:
-            if t == self.terms[index]:
-                got = True
-            elif not self.contains(t):
-                got = False
-            else:
-                eg = self._mod[0]
-                self.lookups += 1
-                got = bool(self.egraph.check_bool(eg.eq(self._to_egg(t)).to(self._roots[index])))
-            self._eq_memo[key] = got
-        return got
+        """Is `t` equal to target `index` under the axioms (the same e-class)?"""
+        if self._egraph is None:
+            self._build()
+        self.lookups += 1
+        c = self._class_of(t)
+        return c is not None and c == self._roots[index]
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -483,5 +531,6 @@ class Targets:
             "saturation_s": round(self.seconds, 3),
             "saturation_stop": self.stop_reason,
             "lookups": self.lookups,
-            "memo": len(self._memo),
+            "memo": len(self._classes),
+            "table": len(getattr(self, "_table", ())),
         }
