@@ -415,3 +415,28 @@ def test_hand_built_on_gpu(name, backend):
     ref = evaluate_reference(g, *xs)
     for o, r in zip(lower(g, backend)(*xs), ref):
         assert _rel(o, r) < TOL["float16"]
+
+
+# ---------------------------------------------------------------------------- re-tiling
+def _big_k_graph(with_max: bool):
+    b = BlockGraphBuilder(grid=(2,), forloop_range=1)
+    x = b.input((16, 8192), "float16", imap=(None,))
+    w = b.input((8192, 32), "float16", imap=(1,))  # tile (8192, 16): 256 KiB per block
+    out = b.op("matmul", b.op("accum_sum", x), b.op("accum_sum", w))
+    if with_max:  # a max along the K dim: splitting K changes its meaning
+        out = b.op("add", out, b.op("accum_sum", b.op("reduce_max", x, dim=1)))
+    b.output(out, (1,))
+    return _one_kernel(b, [(16, 8192), (8192, 32)])
+
+
+def test_retiles_a_matmul_whose_tiles_overflow_shared_memory():
+    g = _big_k_graph(with_max=False)
+    (p,) = plan(g).values()
+    assert p.retiled_from is not None and p.forloop_range > 1
+    assert p.stages(3) == 3
+    check(g, "pallas", scale=0.1)
+
+
+def test_no_retiling_when_the_split_changes_the_meaning():
+    with pytest.raises(LoweringError, match="shared memory.*no valid re-tiling"):
+        lower(_big_k_graph(with_max=True))

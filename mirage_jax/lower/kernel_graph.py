@@ -9,6 +9,7 @@ the op and the rule, so a wrong kernel is never produced silently.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from mirage_jax.lower import registry
-from mirage_jax.lower.plan import MIN_DOT, KernelPlan, plan_kernel
+from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
 from mirage_jax.lower.registry import BACKENDS, LoweringError
-from mirage_jax.mugraph import MuGraph, MuGraphError, validate
+from mirage_jax.lower.retile import retile
+from mirage_jax.mugraph import BlockGraph, MuGraph, MuGraphError, validate
 
 F32 = jnp.float32
 
@@ -143,8 +145,35 @@ def plan(mugraph: MuGraph, min_dot: int = MIN_DOT) -> dict[int, KernelPlan]:
         if op.block_graph is None:
             registry.rule("jnp", op.op, f"kernel op {i}")
             continue
-        plans[i] = plan_kernel(op.block_graph, f"kernel op {i} (graph_defined)", min_dot)
+        plans[i] = _fitting_plan(op.block_graph, f"kernel op {i} (graph_defined)", min_dot)
     return plans
+
+
+def _fitting_plan(bg: BlockGraph, where: str, min_dot: int) -> KernelPlan:
+    """Plan `bg`; if its tiles overflow shared memory, re-tile the loop (`retile`) to fit."""
+    p = plan_kernel(bg, where, min_dot)
+    try:
+        p.stages(1)
+        return p
+    except SharedMemoryError as e:
+        first = e
+    fitting = None
+    for factor in (2, 4, 8, 16, 32, 64):  # the first that fits 3 pipeline stages, else 1
+        new = retile(bg, factor)
+        if new is None:
+            continue
+        q = plan_kernel(new, where, min_dot)
+        try:
+            stages = q.stages(3)
+        except SharedMemoryError:
+            continue
+        fitting = fitting or q
+        if stages == 3:
+            fitting = q
+            break
+    if fitting is None:
+        raise LoweringError(f"{where}: {first} (and no valid re-tiling of the loop fits)")
+    return dataclasses.replace(fitting, retiled_from=bg)
 
 
 def lower(

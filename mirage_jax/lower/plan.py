@@ -21,6 +21,11 @@ from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import BlockGraph, BlockInfo, MuGraphError, block_info
 from mirage_jax.mugraph.ops import OPS
 
+
+class SharedMemoryError(LoweringError):
+    """The padded tiles of one loop step do not fit in shared memory."""
+
+
 MIN_DOT = 16
 """Triton's tl.dot needs M, N, K >= 16."""
 MAX_TILE_ELEMENTS = 1 << 18
@@ -89,6 +94,7 @@ class KernelPlan:
     output_shapes: tuple[tuple[int, ...], ...]
     matmuls: dict[int, tuple[MatmulPlan, ...]]
     shifts: dict[int, int]
+    retiled_from: BlockGraph | None = None
 
     @property
     def n_in(self) -> int:
@@ -142,11 +148,11 @@ class KernelPlan:
     def stages(self, requested: int, smem_bytes: int = SMEM_BUDGET) -> int:
         """Pipelining depth that fits: Triton stages each iteration's loads in shared memory.
 
-        Raises LoweringError when even one stage (plus the loop-invariant tiles) cannot fit.
+        Raises SharedMemoryError when even one stage (plus the loop-invariant tiles) cannot fit.
         """
         once, per_iter = self.input_bytes(False), self.input_bytes(True)
         if once + per_iter > smem_bytes:
-            raise LoweringError(
+            raise SharedMemoryError(
                 f"block tiles need {once + per_iter} bytes of shared memory per stage "
                 f"> {smem_bytes}: choose a larger grid or forloop_range"
             )

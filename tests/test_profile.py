@@ -1,0 +1,65 @@
+"""mirage_jax.profile on the CPU: the chained method runs, keeps every call, labels its results."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mirage_jax import profile
+
+
+def _op(x, w):
+    return jnp.tanh(x @ w)
+
+
+def _inputs(seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2)]
+
+
+def test_chain_keeps_every_call_in_order():
+    prog = profile.chained(_op, 5)
+    sets = [tuple(jnp.asarray(x) for x in _inputs(s)) for s in range(2)]
+    hlo = prog.lower(sets).compile().as_text()
+    assert hlo.count(" dot(") == 5  # none merged or dropped as dead code
+    outs = prog(sets)
+    assert len(outs) == 5
+    np.testing.assert_allclose(outs[2], _op(*sets[0]), rtol=1e-5)  # call i uses set i % 2
+    np.testing.assert_allclose(outs[3], _op(*sets[1]), rtol=1e-5)
+
+
+def test_time_device_on_cpu_is_labelled_not_device_time():
+    t = profile.time_device(_op, _inputs, chain=4, repeats=3, warmup=1)
+    assert isinstance(t, profile.Timing)
+    assert not t.device_time and t.device == "cpu"
+    assert "NOT device time" in t.method and "chained" in t.method
+    assert t.n == 3 and len(t.samples_us) == 3 and t.chain == 4
+    assert t.input_sets == 5  # small inputs: a distinct set per call of the long program
+    assert t.p10_us <= t.median_us <= t.p90_us
+    assert set(t.as_dict()) >= {"median_us", "p10_us", "p90_us", "method", "device"}
+    assert "µs" in str(t)
+
+
+def test_one_input_set_and_rotation_cap():
+    t = profile.time_device(_op, _inputs(0), chain=2, repeats=1, warmup=0)
+    assert t.input_sets == 1
+    t = profile.time_device(_op, _inputs, chain=8, repeats=1, warmup=0, rotate_bytes=1)
+    assert t.input_sets == 1  # one set already exceeds the rotation budget
+
+
+def test_copy_bandwidth_runs():
+    bw, t = profile.copy_bandwidth(1 << 20, chain=2, repeats=2, warmup=1)
+    assert np.isfinite(bw) and t.chain == 2  # CPU noise can even make it negative
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        profile.time_device(_op, _inputs(0), chain=0)
+
+
+@pytest.mark.gpu
+def test_device_time_on_gpu():
+    t = profile.time_device(jax.jit(_op), _inputs, chain=16, repeats=5)
+    assert t.device_time and t.median_us > 0
