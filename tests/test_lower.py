@@ -438,5 +438,5 @@ def test_retiles_a_matmul_whose_tiles_overflow_shared_memory():
 
 
 def test_no_retiling_when_the_split_changes_the_meaning():
-    with pytest.raises(LoweringError, match="shared memory.*no valid re-tiling"):
+    with pytest.raises(LoweringError, match=r"shared memory.*no valid re-tiling"):
         lower(_big_k_graph(with_max=True))
