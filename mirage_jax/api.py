@@ -43,12 +43,24 @@ class MirageWarning(UserWarning):
 _WARNED: set[str] = set()
 
 
-def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
-    """Warn with `message` the first time `key` is seen in this process."""
+def _library_dirs() -> tuple[str, ...]:
+    import os
+
+    import mirage_jax
+
+    dirs = [jax.__file__, lax_ir.__file__, mirage_jax.__file__, functools.__file__]
+    return tuple(os.path.dirname(os.path.abspath(d)) for d in dirs)
+
+
+def warn_once(key: str, message: str) -> None:
+    """Warn with `message` the first time `key` is seen in this process.
+
+    The warning points at the first frame outside jax, lax_ir and mirage_jax (the user's call).
+    """
     if key in _WARNED:
         return
     _WARNED.add(key)
-    warnings.warn(message, MirageWarning, stacklevel=stacklevel)
+    warnings.warn(message, MirageWarning, stacklevel=2, skip_file_prefixes=_library_dirs())
 
 
 def has_gpu() -> bool:
@@ -633,7 +645,6 @@ def effective_backend(backend: str) -> tuple[str | None, str]:
         f"no GPU: mirage_jax.jit runs the XLA path (backend={backend!r} needs a GPU); "
         "pass backend='pallas-interpret' to run the kernels in Pallas interpret mode "
         "(slow, for testing)",
-        stacklevel=5,
     )
     return None, "no GPU (backend='pallas-interpret' runs kernels in interpret mode)"
 
