@@ -52,6 +52,19 @@ class CacheWarning(UserWarning):
     """A cache file or entry was not trusted (corrupt, stale or failing verification)."""
 
 
+def _warn(message: str) -> None:
+    """A CacheWarning pointing at the first frame outside jax, lax_ir and mirage_jax."""
+    import functools
+
+    import jax
+
+    import lax_ir
+
+    dirs = (jax.__file__, lax_ir.__file__, os.path.dirname(__file__), functools.__file__)
+    skip = tuple(os.path.dirname(os.path.abspath(d)) if d.endswith(".py") else d for d in dirs)
+    warnings.warn(message, CacheWarning, stacklevel=2, skip_file_prefixes=skip)
+
+
 def default_path() -> Path:
     """`$MIRAGE_JAX_CACHE`, else `$XDG_CACHE_HOME/mirage_jax/cache.sqlite` (~/.cache by default)."""
     env = os.environ.get(ENV_VAR)
@@ -230,11 +243,9 @@ class Cache:
                         (str(SCHEMA_VERSION),),
                     )
                 elif row[0] != str(SCHEMA_VERSION):
-                    warnings.warn(
+                    _warn(
                         f"mirage_jax cache {self.path} has schema {row[0]}, this library "
-                        f"writes {SCHEMA_VERSION}; dropping its entries",
-                        CacheWarning,
-                        stacklevel=5,
+                        f"writes {SCHEMA_VERSION}; dropping its entries"
                     )
                     conn.execute("DELETE FROM entries")
                     conn.execute(
@@ -262,11 +273,9 @@ class Cache:
 
     def _move_aside(self, error: Exception) -> None:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
-        warnings.warn(
+        _warn(
             f"mirage_jax cache {self.path} is corrupt ({error}); moved it to {aside.name} and "
-            "started an empty cache (kernels will be searched again)",
-            CacheWarning,
-            stacklevel=5,
+            "started an empty cache (kernels will be searched again)"
         )
         with contextlib.suppress(FileNotFoundError):
             os.replace(self.path, aside)
@@ -435,11 +444,9 @@ class Cache:
         try:
             mugraph = self.check(entry, program=program)
         except StaleEntry as e:
-            warnings.warn(
+            _warn(
                 f"mirage_jax cache: ignoring entry {key[:12]} for region {region_hash[:12]}: "
-                f"{e}; it was deleted and will be rebuilt",
-                CacheWarning,
-                stacklevel=3,
+                f"{e}; it was deleted and will be rebuilt"
             )
             self.delete(key)
             return None
@@ -505,11 +512,7 @@ class Cache:
                     if entry.key != entry.expected_key():
                         raise ValueError("key does not match the entry's fields")
                 except Exception as e:
-                    warnings.warn(
-                        f"{path}:{lineno}: skipped ({type(e).__name__}: {e})",
-                        CacheWarning,
-                        stacklevel=2,
-                    )
+                    _warn(f"{path}:{lineno}: skipped ({type(e).__name__}: {e})")
                     continue
                 self.put(entry)
                 n += 1
