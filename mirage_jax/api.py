@@ -15,7 +15,6 @@ entry) falls back to XLA for that region, with one clear warning, never a crash.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -849,10 +848,3 @@ def superoptimize(
     f.trace(*args, **kwargs)
     assert f.last is not None
     return f.last
-
-
-def signature_of(fn: Callable[..., Any]) -> str:
-    try:
-        return str(inspect.signature(fn))
-    except (TypeError, ValueError):
-        return "(...)"
