@@ -198,31 +198,68 @@ def _worker_init() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
-def run_checks(tasks: list[dict], workers: int) -> list[dict]:
+def _not_run(task: dict, why: str) -> list[dict]:
+    recs = []
+    for index in task["indices"]:
+        rec: dict[str, Any] = {"file": Path(task["path"]).stem, "index": index, "cost_us": None}
+        rec["reference"] = ""
+        rec["input_scale"] = 1.0
+        for b in task["backends"]:
+            rec[b] = {"ok": False, "error": f"not run: {why}"}
+        recs.append(rec)
+    return recs
+
+
+def run_checks(tasks: list[dict], workers: int, budget_s: float) -> list[dict]:
+    """Run the check tasks (in `workers` processes); tasks past `budget_s` are not run."""
     records: list[dict] = []
+    t0 = time.perf_counter()
+
+    def report(t: dict, recs: list[dict]) -> None:
+        bad = sum(1 for r in recs for b in t["backends"] if not r[b]["ok"])
+        print(f"  checked {Path(t['path']).stem} {t['indices']} ({bad} failures)", flush=True)
+
     if workers <= 1:
         for t in tasks:
-            records.extend(check_task(t))
-            bad = sum(
-                1 for r in records[-len(t["indices"]) :] for b in t["backends"] if not r[b]["ok"]
-            )
-            print(f"  checked {Path(t['path']).stem} {t['indices']} ({bad} failures)", flush=True)
+            if time.perf_counter() - t0 > budget_s:
+                records.extend(_not_run(t, "check time budget spent"))
+                continue
+            recs = check_task(t)
+            records.extend(recs)
+            report(t, recs)
         return records
     import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, wait
 
-    with ProcessPoolExecutor(
-        workers, mp_context=mp.get_context("spawn"), initializer=_worker_init
-    ) as ex:
-        for t, recs in zip(tasks, ex.map(check_task, tasks)):
+    ex = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init)
+    futures = {ex.submit(check_task, t): t for t in tasks}
+    pending = set(futures)
+    while pending:
+        left = budget_s - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        done, pending = wait(pending, timeout=min(left, 30), return_when=FIRST_COMPLETED)
+        for f in done:
+            t = futures[f]
+            try:
+                recs = f.result()
+            except Exception as e:  # a worker died (e.g. a compiler crash)
+                recs = _not_run(t, f"worker failed: {type(e).__name__}: {str(e)[:300]}")
             records.extend(recs)
-            bad = sum(1 for r in recs for b in t["backends"] if not r[b]["ok"])
-            print(f"  checked {Path(t['path']).stem} x{len(recs)} ({bad} failures)", flush=True)
+            report(t, recs)
+    for f in pending:
+        records.extend(_not_run(futures[f], "check time budget spent (compile hang?)"))
+    if pending:
+        print(f"  {len(pending)} tasks not finished within {budget_s:.0f} s", flush=True)
+        for proc in list(getattr(ex, "_processes", {}).values()):
+            proc.kill()  # hung compilers: our own worker processes, by handle
+    ex.shutdown(wait=not pending, cancel_futures=True)
     return records
 
 
 # ---------------------------------------------------------------------------- phase 2: time
 def run_timing(
-    records, files, backends, top, interpret, chain, repeats, warmup=3, on_row=None
+    records, files, backends, top, interpret, chain, repeats, warmup=3, on_row=None, stop_at=None
 ) -> dict:
     import jax
 
@@ -240,6 +277,10 @@ def run_timing(
     out["rows"] = rows
     for path in files:
         stem = path.stem
+        if stop_at is not None and time.perf_counter() > stop_at:
+            print(f"deadline: {stem} and later files not timed", flush=True)
+            out.setdefault("not_timed", []).append(stem)
+            continue
         graphs = load_mirage_checkpoint(path)
         mine = [r for r in records if r["file"] == stem]
         if not mine:
@@ -388,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chain", type=int, default=32)
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--no-time", action="store_true")
+    p.add_argument("--check-budget", type=float, default=1e9, help="seconds for the checks")
+    p.add_argument("--deadline", type=float, default=1e9, help="stop timing after (s from start)")
     p.add_argument("--time-skip", nargs="*", default=["_old"], help="stems (substrings) not timed")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -417,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         f"to check, {len(tasks)} tasks, {args.workers} workers",
         flush=True,
     )
-    records = run_checks(tasks, args.workers)
+    records = run_checks(tasks, args.workers, args.check_budget)
     t_check = time.perf_counter() - t0
     print(f"checks done in {t_check:.0f} s", flush=True)
     result: dict[str, Any] = {
@@ -461,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             args.repeats,
             warmup,
             on_row=save,
+            stop_at=t0 + args.deadline,
         )
     print(save())
     n_bad = sum(1 for r in records for b in backends if not r[b]["ok"])

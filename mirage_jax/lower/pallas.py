@@ -143,13 +143,13 @@ def _mul_scalar(ctx: OpCtx, x: jax.Array) -> jax.Array:
 
 def _dot(ctx: OpCtx, a: jax.Array, b: jax.Array, ia: int, ib: int, path: str) -> jax.Array:
     """One 2-D block matmul of args ia, ib (batch tiles are 1), fp32 out, padded shape."""
+    if path == "outer":  # K = 1: broadcast (.., M, 1) * (.., 1, N) at full rank, no reshape
+        return _f32(a) * _f32(b)
     a = ctx.masked(a, ia, (-1,), 0)
     b = ctx.masked(b, ib, (-2,), 0)
     a2 = a.reshape(a.shape[-2:])
     b2 = b.reshape(b.shape[-2:])
-    if path == "outer":
-        out = _f32(a2) * _f32(b2)
-    elif path == "fma":
+    if path == "fma":
         out = jnp.sum(_f32(a2)[:, :, None] * _f32(b2)[None, :, :], axis=1)
     else:
         dt = ctx.dtype

@@ -148,13 +148,10 @@ def _dot(c: OpCtx, a: str, b: str, ia: int, ib: int, path: str) -> str:
     m, k, n = pa[-2], pa[-1], pb[-1]
     a2 = f"tl.reshape({c.masked(a, ia, (-1,), '0.0')}, ({m}, {k}))"
     b2 = f"tl.reshape({c.masked(b, ib, (-2,), '0.0')}, ({k}, {n}))"
-    if path == "outer":
-        out = f"{a2}.to(tl.float32) * {b2}.to(tl.float32)"
-    elif path == "fma":
-        out = (
-            f"tl.sum(tl.reshape({a2}.to(tl.float32), ({m}, {k}, 1)) * "
-            f"tl.reshape({b2}.to(tl.float32), (1, {k}, {n})), axis=1)"
-        )
+    if path == "outer":  # K = 1: broadcast (.., M, 1) * (.., 1, N) at full rank, no reshape
+        return f"{c.f32(a, ia)} * {c.f32(b, ib)}"
+    if path == "fma":
+        out = f"tl.sum({a2}.to(tl.float32)[:, :, None] * {b2}.to(tl.float32)[None, :, :], axis=1)"
     else:
         dt = TL_DTYPES[c.dtype]
         prec = ', input_precision="ieee"' if c.dtype == "float32" else ""
