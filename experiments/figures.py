@@ -103,7 +103,7 @@ def figure(results: dict[str, Any]):
     """A matplotlib Figure: speedup over the best baseline, one panel per batch size."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter
 
     rows = results.get("benchmarks", [])
     names = list(dict.fromkeys(r["name"] for r in rows))
@@ -142,6 +142,7 @@ def figure(results: dict[str, Any]):
         ax.axhline(1.0, color="#202124", lw=0.8)
         ax.set_yscale("log")
         ax.set_ylim(lo, hi)
+        ax.yaxis.set_major_locator(FixedLocator([2.0**k for k in range(-6, 7)]))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xticks(range(len(names)), names, fontsize=8)

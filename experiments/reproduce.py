@@ -509,6 +509,12 @@ def _import_tokamax() -> Any:
         sys.modules["xprof.cli.tools"].get_kernel_stats_tool = None  # type: ignore[attr-defined]
     import tokamax
 
+    try:  # its autotuning cache misses are logged as warnings, one per shape: not news here
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:
+        pass
     return tokamax
 
 
@@ -802,6 +808,9 @@ def _run_contender(c: dict, bm: Any, inputs: _Inputs, opts: dict) -> dict[str, A
         return rec
     bench = c.get("bench", bm)
     rec["form"] = bench.name
+    if opts["timed"] and time.monotonic() > opts["deadline"]:
+        rec["status"] = "skipped: time limit (--deadline-s)"
+        return rec
     t0 = time.perf_counter()
     try:
         sets = inputs.sets(bench, c.get("layout"))
@@ -819,9 +828,6 @@ def _run_contender(c: dict, bm: Any, inputs: _Inputs, opts: dict) -> dict[str, A
         return rec
     if not opts["timed"]:
         rec["status"] = "ok (not timed)"
-        return rec
-    if time.monotonic() > opts["deadline"]:
-        rec["status"] = "skipped: time limit (--deadline-s)"
         return rec
     try:
         t = profile.time_device(
