@@ -238,7 +238,6 @@ def markdown(results: dict[str, Any]) -> str:
              and r.get("ours") and c["label"] == r["ours"]["label"]), None,
         )  # fmt: skip
         base = r.get("best_baseline")
-        imp = r.get("imported_best")
         bound = None
         if ours and ours.get("candidates"):
             bound = max(c["verification"].get("bound", 0) for c in ours["candidates"])
@@ -252,7 +251,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(r.get('xla_us'))} | {_fmt(r.get('speedup'), '.2f')} "
             f"| {_fmt(r.get('jit_us'))} | {_fmt(r.get('floor_us'), '.2f')} "
             f"| {_fmt(r.get('fraction_of_floor'), '.2f')} "
-            f"| {_fmt(imp and imp['us'])} ({_fmt(imp and imp['speedup'], '.2f')}) "
+            f"| {_imported_cell(r)} "
             f"| {_fmt(bound, '.1e')} | {srch} |"
         )
     lines += [
@@ -280,6 +279,17 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     lines += [f"- {x['claim']} ({x['source']})" for x in results.get("reported", REPORTED)]
     return "\n".join(lines) + "\n"
+
+
+def _imported_cell(r: dict) -> str:
+    imp = r.get("imported_best")
+    if imp:
+        return f"{_fmt(imp['us'])} ({_fmt(imp.get('speedup'), '.2f')})"
+    status = (r.get("imported_plan") or {}).get("status", "")
+    if status == "ok":  # planned but not timed (lowering or float check failed)
+        cs = [c for c in r.get("contenders", []) if c.get("kind") == "imported"]
+        status = cs[0].get("status", "") if cs else ""
+    return "– " + f"({status})" if status else "–"
 
 
 def _short(c: dict) -> str:

@@ -334,7 +334,9 @@ def _imported_plan(bm: Any, args: argparse.Namespace) -> dict[str, Any]:
             break
         cand, why = _imported_candidate(g, Path(rel).stem, index, cost, args)
         (kept if cand else dropped).append(cand or {"index": index, "why": why})
-    rec.update(status="ok" if kept else "no candidate passed", candidates=kept, dropped=dropped)
+    why = sorted({d["why"].split(":")[0] for d in dropped})
+    status = "ok" if kept else f"none of {len(dropped)} examined passed ({', '.join(why)})"
+    rec.update(status=status, candidates=kept, dropped=dropped)
     return rec
 
 
