@@ -739,6 +739,15 @@ def _shapes(g: Any) -> tuple:
 
 
 # ---------------------------------------------------------------------------- time phase
+def _has_gpu() -> bool:
+    import jax
+
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return False
+
+
 def machine_name(device: str) -> str:
     """A short file-name slug of a device kind: "NVIDIA H100 80GB HBM3" → "h100"."""
     m = re.search(r"\b([ABHLGV]\d{2,3}[A-Z]?)\b", device.upper())
@@ -971,7 +980,7 @@ def phase_time(args: argparse.Namespace) -> Path:
     }  # fmt: skip
     machine = machine_name(device) if on_gpu else "cpu"
     stem = "quick" if plan.get("quick") else f"{machine}-{today()}"
-    out_dir = args.out
+    out_dir = args.out if args.out_given or not plan.get("quick") else QUICK_OUT
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "kind": "mirage_jax reproduce results",
@@ -1194,6 +1203,13 @@ def run(
 ) -> int:
     """Run the phases `args.phase` names (`args` from a parser given `add_arguments`)."""
     args = _defaults(args, argv, prog)
+    if args.phase in ("time", "all") and not args.quick and not _has_gpu():
+        plan_quick = args.phase == "time" and _load_plan(args)[1].get("quick")
+        if not plan_quick:
+            raise SystemExit(
+                f"{prog}: --phase {args.phase} times on a GPU and this machine has none: run "
+                "--phase search here and --phase time on the GPU, or --quick (CPU, untimed)"
+            )
     if args.phase == "figure":
         phase_figure(args)
         return 0
