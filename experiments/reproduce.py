@@ -1017,12 +1017,28 @@ def phase_time(args: argparse.Namespace) -> Path:
         json_path.write_text(json.dumps(results, indent=1, default=str))
     results["complete"] = time.monotonic() <= ctx["deadline"]
     results["seconds"] = round(time.monotonic() - t_start, 1)
+    if args.merge:
+        _merge(results, plan, Path(args.merge))
     results["summary"] = figures.summary(results)
     json_path.write_text(json.dumps(results, indent=1, default=str))
     for p in figures.write(results, out_dir, stem):
         print(f"wrote {p}")
     print(f"wrote {json_path} ({results['seconds']}s)")
     return json_path
+
+
+def _merge(results: dict, plan: dict, path: Path) -> None:
+    """Add the rows of an earlier results file (same device) that this run did not time."""
+    old = json.loads(path.read_text())
+    if old.get("device") != results["device"]:
+        raise SystemExit(f"--merge {path}: timed on {old.get('device')}, not {results['device']}")
+    done = {r["key"] for r in results["benchmarks"]}
+    order = {e["key"]: i for i, e in enumerate(plan["benchmarks"])}
+    rows = results["benchmarks"] + [r for r in old["benchmarks"] if r["key"] not in done]
+    results["benchmarks"] = sorted(rows, key=lambda r: order.get(r["key"], len(order)))
+    results["complete"] = results["complete"] and old.get("complete", False)
+    results["merged_from"] = {"file": path.name, "created": old.get("created"),
+                              "seconds": old.get("seconds"), "bandwidth": old.get("bandwidth")}  # fmt: skip
 
 
 def _tokamax_status(on_gpu: bool) -> str:
@@ -1167,6 +1183,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--chain", type=int, default=32, help="calls per chained timing program")
     p.add_argument("--repeats", type=int, default=25, help="timing repeats (median, p10/p90)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
+    p.add_argument(
+        "--merge",
+        metavar="RESULTS",
+        help="time phase: also keep the rows of this earlier results file (same "
+        "device) that this run does not time, e.g. after a run split by --batches",
+    )
     p.add_argument("--deadline-s", type=float, default=500.0,
                    help="time phase: stop timing after this many seconds (8 min 20 s: the "
                    "device tool's command limit is 10 min)")  # fmt: skip

@@ -177,3 +177,18 @@ def test_quick_reproduction_end_to_end(tmp_path):
             assert not c["status"].startswith(("failed", "lowering failed")), (row["key"], c)
     md = (tmp_path / "quick.md").read_text()
     assert "Not timed" in md and "| gqa | 1 |" in md
+
+
+def test_merge_keeps_rows_this_run_did_not_time(tmp_path):
+    plan = {"benchmarks": [{"key": k} for k in ("gqa_b1", "lora_b1", "gqa_b16")]}
+    old = _results([_row("gqa", 1, 5.0, 10.0), _row("gqa", 16, 50.0, 100.0)])
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    new = _results([_row("lora", 1, 2.0, 6.0), _row("gqa", 1, 4.0, 10.0)])
+    reproduce._merge(new, plan, tmp_path / "old.json")
+    assert [r["key"] for r in new["benchmarks"]] == ["gqa_b1", "lora_b1", "gqa_b16"]
+    assert new["benchmarks"][0]["ours"]["us"] == 4.0  # this run's row wins
+    assert new["merged_from"]["file"] == "old.json"
+    other = dict(old, device="NVIDIA H200")
+    (tmp_path / "h200.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="not NVIDIA H100"):
+        reproduce._merge(new, plan, tmp_path / "h200.json")
