@@ -39,9 +39,10 @@ from mirage_jax.search.enumerate import (
     Counters,
     Goal,
     build_vocabulary,
+    omap_of,
     output_tensor,
 )
-from mirage_jax.search.schedule import mapping_classes, numbers_for
+from mirage_jax.search.schedule import grid_expansions, numbers_for, schedule_classes
 from mirage_jax.search.structure import (
     KernelSpec,
     KTensor,
@@ -182,6 +183,7 @@ class TaskOutcome:
     rejected: int = 0
     invalid: int = 0
     duplicates: int = 0
+    inherited: int = 0
     enumerate_s: float = 0.0
     verify_s: float = 0.0
     stopped: str = ""
@@ -240,8 +242,8 @@ def prepare(program: Program, *, seed: int, budget: Budget) -> Problem:
         inputs=inputs,
         targets=targets,
         output_labels=tuple(sdims.axes[o] for o in small_program.outputs),
-        vocab=build_vocabulary(small_program, scalars),
-        combine_vocab=build_vocabulary(small_program, scalars, combine=True),
+        vocab=build_vocabulary(small_program, sdims, scalars),
+        combine_vocab=build_vocabulary(small_program, sdims, scalars, combine=True),
         trials=budget.trials,
         seed=seed,
         max_outputs=budget.max_outputs,
@@ -249,22 +251,23 @@ def prepare(program: Program, *, seed: int, budget: Budget) -> Problem:
     )
 
 
-def tasks_of(problem: Problem, budget: Budget) -> list[Task]:
-    parallel = []
+def parallel_dims(problem: Problem) -> list[int]:
+    """The output dimensions, in output-axis order (grid axes split these)."""
+    out = []
     for labels in problem.output_labels:
         for c in labels:
-            if c is not None and c not in parallel:
-                parallel.append(c)
+            if c is not None and c not in out:
+                out.append(c)
+    return out
+
+
+def tasks_of(problem: Problem, budget: Budget) -> list[Task]:
     present = {c for t in problem.inputs for c in t.labels if isinstance(c, int)}
     reduced = sorted(c for c in problem.dims.reduced if c in present)
-    mcs = mapping_classes(
-        parallel,
-        reduced,
-        problem.sizes,
-        problem.small,
-        split=budget.split and budget.max_kernels >= 2,
+    classes = schedule_classes(
+        reduced, problem.sizes, problem.small, split=budget.split and budget.max_kernels >= 2
     )
-    return [Task(i, m) for i, m in enumerate(mcs)]
+    return [Task(i, m) for i, m in enumerate(classes)]
 
 
 # ---------------------------------------------------------------------------- tasks
@@ -299,11 +302,11 @@ def run_task(
     out = TaskOutcome(task.index, depth)
     m = task.mapping
     rep_grid, rep_loop = representative(m, problem.small)
-    goal = (
-        Goal(targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels)
-        if not m.split
-        else Goal(split=next(iter(m.split)), max_outputs=problem.max_outputs)
-    )
+    targets = tuple(range(len(problem.output_labels)))
+    if m.split:
+        goal = Goal(split=next(iter(m.split)), max_outputs=problem.max_outputs)
+    else:
+        goal = Goal(targets=targets, output_labels=problem.output_labels)
     examined = 0
 
     def stop() -> bool:
@@ -322,81 +325,86 @@ def run_task(
         problem.inputs, m, problem.small, rep_grid, rep_loop, problem.vocab, problem.targets,
         goal, out.counters, stop,
     )  # fmt: skip
+    parallel = parallel_dims(problem)
     for closed in en.run(depth):
-        spec = KernelSpec(
-            tuple(t.ref for t in problem.inputs), m, closed.ops, closed.outputs,
-            input_labels=tuple(t.labels for t in problem.inputs),
-        )  # fmt: skip
-        if m.split:
-            candidates = list(_combine(problem, spec, closed, out, stop))
-        else:
-            candidates = [
-                Structure(
-                    (spec,),
-                    (("k", 0, 0),) * 0 + tuple(("k", 0, j) for j in range(len(closed.outputs))),
-                )
-            ]
-        for s in candidates:
-            examined += 1
-            t0 = time.perf_counter()
-            key, g = _structure_key(problem, s)
-            if key in known or key in out.verdicts:
-                out.duplicates += 1
-                out.verify_s += time.perf_counter() - t0
+        combines = list(_combine(problem, m, closed, out, stop)) if m.split else [None]
+        passed: list[frozenset] = []  # grids that verified: their subsets need no test
+        for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
+            omaps = [omap_of(mm, closed.tensors[t].labels) for t, _ in closed.outputs]
+            if any(o is None for o in omaps):
                 continue
-            if g is None:
-                out.invalid += 1
-                out.verdicts[key] = False
-                continue
-            try:
-                ok = bool(
-                    fields.verify(
-                        g, problem.small_program, trials=problem.trials, seed=problem.seed
+            spec = KernelSpec(
+                tuple(t.ref for t in problem.inputs), mm, closed.ops,
+                tuple((t, o) for (t, _), o in zip(closed.outputs, omaps)),
+                input_labels=tuple(t.labels for t in problem.inputs),
+            )  # fmt: skip
+            for second in combines:
+                if second is None:
+                    s = Structure((spec,), tuple(("k", 0, j) for j in range(len(omaps))))
+                else:
+                    s = Structure(
+                        (spec, second), tuple(("k", 1, j) for j in range(len(second.outputs)))
                     )
-                )
-            except Exception:
-                ok = False
-            out.verified += 1
-            out.verdicts[key] = ok
-            if ok:
-                out.accepted.append((s, key))
-            else:
-                out.rejected += 1
-            out.verify_s += time.perf_counter() - t0
+                examined += 1
+                t0 = time.perf_counter()
+                key, g = _structure_key(problem, s)
+                grid = frozenset(mm.grid)
+                if key in known or key in out.verdicts:
+                    out.duplicates += 1
+                    if known.get(key, out.verdicts.get(key)):
+                        passed.append(grid)
+                elif g is None:
+                    out.invalid += 1
+                    out.verdicts[key] = False
+                elif any(grid <= p for p in passed):
+                    out.inherited += 1
+                    out.verdicts[key] = True
+                    out.accepted.append((s, key))
+                else:
+                    try:
+                        ok = bool(
+                            fields.verify(
+                                g, problem.small_program, trials=problem.trials, seed=problem.seed
+                            )
+                        )
+                    except Exception:  # a missing field meaning: reject, never crash
+                        ok = False
+                    out.verified += 1
+                    out.verdicts[key] = ok
+                    if ok:
+                        out.accepted.append((s, key))
+                        passed.append(grid)
+                    else:
+                        out.rejected += 1
+                out.verify_s += time.perf_counter() - t0
         if stop():
             break
     out.enumerate_s = time.perf_counter() - t_start - out.verify_s
     return out
 
 
-def _combine(problem: Problem, spec: KernelSpec, closed, out: TaskOutcome, stop):
-    """Combining kernels for the partial sums of a split-K kernel (one graph-defined kernel)."""
-    m = spec.mapping
+def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop):
+    """Combining kernels for the partial sums of a split-K kernel (grid: every output dim)."""
     partials = tuple(
         output_tensor(closed.tensors[t], m, ("k", 0, j), omap)
         for j, (t, omap) in enumerate(closed.outputs)
     )
-    parallel = []
-    for labels in problem.output_labels:
-        for c in labels:
-            if c is not None and c not in parallel:
-                parallel.append(c)
-    for cm in mapping_classes(parallel, [], problem.sizes, problem.small, split=False, loop=False):
-        rep_grid, rep_loop = representative(cm, problem.small)
-        en = BlockEnumerator(
-            partials, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab,
-            problem.targets,
-            Goal(targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels),
-            out.counters, stop,
+    # the grid: every output dimension that every partial sum has as a plain axis
+    parallel = [c for c in parallel_dims(problem) if all(c in t.labels for t in partials)]
+    cm = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
+    rep_grid, rep_loop = representative(cm, problem.small)
+    goal = Goal(
+        targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels
+    )
+    en = BlockEnumerator(
+        partials, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab, problem.targets,
+        goal, out.counters, stop,
+    )  # fmt: skip
+    for c in en.run(4):
+        yield KernelSpec(
+            tuple(t.ref for t in partials), cm, c.ops, c.outputs,
+            input_labels=tuple(t.labels for t in partials),
         )  # fmt: skip
-        for c in en.run(4):
-            second = KernelSpec(
-                tuple(t.ref for t in partials), cm, c.ops, c.outputs,
-                input_labels=tuple(t.labels for t in partials),
-            )  # fmt: skip
-            yield Structure((spec, second), tuple(("k", 1, j) for j in range(len(c.outputs))))
-        if stop():
-            return
 
 
 # ---------------------------------------------------------------------------- search
@@ -435,8 +443,8 @@ def search(
     deadline = time.monotonic() + budget.time_s
     counters = Counters()
     stats: dict[str, Any] = {
-        "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0,
-        "tasks": len(tasks), "mapping_classes": [t.mapping.describe() for t in tasks],
+        "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0, "inherited": 0,
+        "tasks": len(tasks), "schedule_classes": [t.mapping.describe() for t in tasks],
     }  # fmt: skip
     accepted: list[tuple[int, int, Structure, str]] = []  # (depth, task, structure, key)
     known: dict[int, dict] = {t.index: {} for t in tasks}
@@ -474,7 +482,7 @@ def search(
                         break
             for o in sorted(outcomes, key=lambda o: o.index):
                 _merge(counters, o.counters)
-                for k in ("verified", "rejected", "invalid", "duplicates"):
+                for k in ("verified", "rejected", "invalid", "duplicates", "inherited"):
                     stats[k] += getattr(o, k)
                 examined_total += o.verified + o.invalid
                 enum_s += o.enumerate_s

@@ -44,6 +44,10 @@ RANK = {
     )
 }  # fmt: skip
 COMMUTATIVE = frozenset({"mul", "add"})
+# unary ops whose top e-node is known: checked against the e-graph before the op is built
+_UNARY_PREFILTER = {
+    "exp": "exp", "sqrt": "sqrt", "sigmoid": "logistic", "mul_scalar": "mul", "add_scalar": "add",
+}  # fmt: skip
 NONLINEAR_UNARY = frozenset({"exp", "square", "sqrt", "sigmoid", "silu", "add_scalar"})
 ACCUMULATORS = frozenset(n for n in RANK if n.startswith("accum_"))
 
@@ -69,7 +73,8 @@ class Vocabulary:
 
     unary: tuple[tuple[str, tuple], ...]
     binary: tuple[str, ...]
-    reduce_dims: bool
+    reduce_dims: frozenset  # dimensions a block reduce_sum may sum (non-last axes only)
+    shift_dims: frozenset  # dimensions a softmax shift (reduce_max) is taken over
     shifts: bool
     accumulators: tuple[tuple[str, tuple], ...]
     concat_matmul: bool
@@ -254,16 +259,29 @@ class BlockEnumerator:
             out.append((key, name, args, params, got))
             return got
 
+        cls = [self.targets.class_of(x.term) for x in tensors]
+        ct = cls[top]
+        ok = self.targets.unary_ok
         if not t.transfer:
             for name, params in v.unary:
-                if name == "rms_norm" or not t.shift:
-                    push(name, (top,), params)
-            if v.reduce_dims and not t.shift:
+                if t.shift:
+                    continue
+                pre = _UNARY_PREFILTER.get(name)
+                if pre is not None:
+                    arg = params[0][1] if params else None
+                    if not ok(pre, ct, arg):
+                        self.c.prune("expression")
+                        continue
+                push(name, (top,), params)
+            if not t.shift:
+                last = len(t.labels) - 1
                 for d, lab in enumerate(t.labels):
-                    if lab is not None and t.tile[d] > 1:
+                    if lab is None or is_stack(lab) or t.tile[d] <= 1:
+                        continue
+                    if d != last and lab in v.reduce_dims and ok("red", ct, lab):
                         push("reduce_sum", (top,), (("dim", d),))
-                        if v.shifts:
-                            push("reduce_max", (top,), (("dim", d),))
+                    if lab in v.shift_dims and ok("shift", ct, lab):
+                        push("reduce_max", (top,), (("dim", d),))
             if not t.post:
                 for name, params in v.accumulators:
                     if name == "accum_sum_todimx":
@@ -276,21 +294,43 @@ class BlockEnumerator:
                 o = tensors[other]
                 if o.post != t.post or o.transfer:
                     continue
-                for name in v.binary:
-                    if name in COMMUTATIVE:
-                        push(name, (top, other))
-                    else:
-                        push(name, (top, other))
-                        if other != top:
+                ew, ab, ba = _compatible(t.labels, o.labels)
+                co = cls[other]
+                if ew and not o.shift and not t.shift:
+                    for name in v.binary:
+                        if name == "sub":
+                            push(name, (top, other))
+                            if other != top:
+                                push(name, (other, top))
+                            continue
+                        fwd, rev = self.targets.partners(name, ct)
+                        if co in fwd:
+                            push(name, (top, other))
+                        if name not in COMMUTATIVE and other != top and co in rev:
                             push(name, (other, top))
-                if v.matmul:
-                    for args in ((top, other), (other, top)) if other != top else ((top, top),):
+                elif ew and v.shifts and o.shift != t.shift and "sub" in v.binary:
+                    push("sub", (other, top) if t.shift else (top, other))
+                if (
+                    v.matmul
+                    and not o.shift
+                    and not t.shift
+                    and co in self.targets.partners("mul", ct)[0]
+                ):
+                    pairs = (
+                        (((top, other), ab), ((other, top), ba))
+                        if other != top
+                        else (((top, top), ab),)
+                    )
+                    for args, ok in pairs:
+                        if not ok:
+                            continue
                         got = push("matmul", args)
                         if v.concat_matmul and not isinstance(got, str):
                             self._pairs.append((*args, got))
                         elif v.concat_matmul and got == "expression":
                             bt = self._apply("matmul", args, (), tensors)
-                            self._pairs.append((*args, bt))
+                            if not isinstance(bt, str):
+                                self._pairs.append((*args, bt))
             if v.concat_matmul:
                 self._concat_candidates(top, push)
             if v.shifts:
@@ -578,18 +618,41 @@ class BlockEnumerator:
         return order
 
     def _omap(self, t: BT) -> tuple | None:
-        omap = []
-        for c in self.mapping.grid:
-            if c in self.mapping.split:
-                ax = len(t.labels) - 1
-            else:
-                ax = next((d for d, lab in enumerate(t.labels) if lab == c), None)
-                if ax is None:
-                    return None
-            if ax in omap:
+        return omap_of(self.mapping, t.labels)
+
+
+_COMPAT: dict[tuple, tuple[bool, bool, bool]] = {}
+
+
+def _compatible(a: tuple, b: tuple) -> tuple[bool, bool, bool]:
+    """(elementwise, a @ b, b @ a) allowed by the labels of two tiles (a cheap pre-filter)."""
+    key = (a, b)
+    got = _COMPAT.get(key)
+    if got is None:
+        same_rank = len(a) == len(b)
+        ew = same_rank and all(x is None or y is None or x == y for x, y in zip(a, b))
+        mm = same_rank and len(a) >= 2
+        batch = mm and all(x is None or y is None or x == y for x, y in zip(a[:-2], b[:-2]))
+        ab = batch and a[-1] == b[-2] and a[-1] is not None
+        ba = batch and b[-1] == a[-2] and b[-1] is not None
+        got = _COMPAT[key] = (ew, ab, ba)
+    return got
+
+
+def omap_of(mapping: MappingClass, labels: tuple) -> tuple | None:
+    """Per grid axis, the output axis blocks concatenate along (None if there is none)."""
+    omap = []
+    for c in mapping.grid:
+        if c in mapping.split:
+            ax = len(labels) - 1
+        else:
+            ax = next((d for d, lab in enumerate(labels) if lab == c), None)
+            if ax is None:
                 return None
-            omap.append(ax)
-        return tuple(omap)
+        if ax in omap:
+            return None
+        omap.append(ax)
+    return tuple(omap)
 
 
 def output_tensor(t: BT, mapping: MappingClass, ref, omap) -> KTensor:
@@ -602,10 +665,26 @@ def output_tensor(t: BT, mapping: MappingClass, ref, omap) -> KTensor:
 
 
 def build_vocabulary(
-    program: Any, scalars: dict[str, list[float]], combine: bool = False
+    program: Any, dims: Any, scalars: dict[str, list[float]], combine: bool = False
 ) -> Vocabulary:
-    """The block-op vocabulary of a region: the ops its own ops suggest."""
+    """The block-op vocabulary of a region: the ops its own ops suggest.
+
+    A block `reduce_sum` is offered only over dimensions the program sums over other than the
+    last axis of its operand (a last-axis sum is an `accum_*_last`, or inside `rms_norm`), and
+    `reduce_max` only over the dimensions the program's softmax shifts are taken over.
+    """
     ops = set(program.op_counts())
+    reduce_dims, shift_dims = set(), set()
+    for _, n in program.ops():
+        if n.op in ("reduce_sum", "reduce_max"):
+            src = dims.axes[n.args[0]]
+            for ax in n.param("axes"):
+                if src[ax] is None:
+                    continue
+                if n.op == "reduce_max":
+                    shift_dims.add(src[ax])
+                elif ax != len(src) - 1:
+                    reduce_dims.add(src[ax])
     unary: list[tuple[str, tuple]] = []
     has_square = any(
         (n.op == "mul" and n.args[0] == n.args[1]) or (n.op == "integer_pow" and n.param("y") == 2)
@@ -646,7 +725,8 @@ def build_vocabulary(
     return Vocabulary(
         unary=tuple(unary),
         binary=binary,
-        reduce_dims="reduce_sum" in ops,
+        reduce_dims=frozenset(reduce_dims),
+        shift_dims=frozenset(shift_dims),
         shifts=shifts,
         accumulators=tuple(accs),
         concat_matmul="matmul" in ops

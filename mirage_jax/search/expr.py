@@ -76,7 +76,8 @@ ONE = const(1.0)
 
 
 def _ordered(a: Term, b: Term) -> tuple[Term, Term]:
-    return (a, b) if key(a) <= key(b) else (b, a)
+    # By id: cheap, and stable within a process; lookups see commutativity anyway.
+    return (a, b) if a <= b else (b, a)
 
 
 def key(t: Term) -> str:
@@ -471,6 +472,16 @@ class Targets:
                 continue
             key = (op, tuple(nodes[c]["eclass"] for c in n["children"]))
             self._table[key] = n["eclass"]
+        fwd: dict[tuple, set] = {}
+        rev: dict[tuple, set] = {}
+        for op, children in self._table:
+            if op in _BINARY_OPS.values():
+                a, b = children
+                fwd.setdefault((op, a), set()).add(b)
+                rev.setdefault((op, b), set()).add(a)
+        self._partners = {
+            k: (frozenset(fwd.get(k, ())), frozenset(rev.get(k, ()))) for k in {*fwd, *rev}
+        }
 
     def _class_of(self, t: Term) -> str | None:
         """The e-class of term `t` in the saturated e-graph, or None (a lookup per node)."""
@@ -503,6 +514,29 @@ class Targets:
         if self._egraph is None:
             self._build()
         return self._egraph
+
+    def partners(self, op: str, c: str | None) -> tuple[frozenset, frozenset]:
+        """E-classes b with op(c, b) in the e-graph, and those with op(b, c) ("add", "mul", "div")."""
+        if self._egraph is None:
+            self._build()
+        return self._partners.get((_BINARY_OPS[op], c), (frozenset(), frozenset()))
+
+    def unary_ok(self, name: str, c: str | None, arg: Any = None) -> bool:
+        """Can a unary op on e-class `c` be a subexpression at all? (a cheap pre-filter)
+
+        `name`: "exp", a function name ("sqrt", "logistic"), "red"/"shift" (arg: the dimension),
+        "mul"/"add" (arg: a constant's value).
+        """
+        if self._egraph is None:
+            self._build()
+        if name == "exp":
+            return ("ex", (c,)) in self._table
+        if name in ("red", "shift"):
+            return (name, (self._prim.get(f"d{arg}"), c)) in self._table
+        if name in ("mul", "add"):
+            k = self._class_of(const(arg))
+            return k is not None and k in self.partners(name, c)[0]
+        return ("fn", (self._prim.get(name), c)) in self._table
 
     def class_of(self, t: Term) -> str | None:
         """The e-class of `t` (None if `t` is not a subexpression of any target)."""

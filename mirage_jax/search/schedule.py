@@ -25,8 +25,7 @@ LOOP_RANGES = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_GRID_AXES = 3
 
 
-def mapping_classes(
-    parallel: Sequence[int],
+def schedule_classes(
     reduced: Sequence[int],
     sizes: Mapping[int, int],
     small: Mapping[int, int],
@@ -34,36 +33,38 @@ def mapping_classes(
     split: bool = True,
     loop: bool = True,
 ) -> list[MappingClass]:
-    """Every mapping class of a kernel, most promising first.
+    """The loop and split-K choices of a kernel (grid axes over output dims come later).
 
-    Arguments:
-        parallel: dimensions of the kernel's outputs, in output-axis order.
-        reduced: dimensions the kernel reduces over (loop and split-K candidates).
-        sizes, small: full and representative size of every dimension.
-        split: also generate split-K classes (one reduced dimension split across the grid).
-        loop: also generate classes with a for-loop.
+    Only a reduction split across the grid or walked by the loop changes which block graphs
+    are correct (what is a partial sum); splitting an output dimension does not, as long as
+    the graph does not reduce over it. So the enumeration runs once per (loop, split) class,
+    and `grid_expansions` adds the output dimensions to each closed graph.
     """
-    par = [c for c in parallel if sizes[c] >= 2 and small[c] % 2 == 0]
     red = [c for c in reduced if sizes[c] >= 4 and small[c] % 4 == 0]
     out: list[tuple[tuple, MappingClass]] = []
-    for n in range(0, min(len(par), MAX_GRID_AXES) + 1):
-        for grid in itertools.combinations(par, n):
-            for s in [None, *(red if split else [])]:
-                g = grid if s is None else (*grid, s)
-                if len(g) > MAX_GRID_AXES or (s is not None and not grid):
-                    continue
-                for lp in [None, *(red if loop else [])]:
-                    m = MappingClass(tuple(g), lp, frozenset() if s is None else frozenset({s}))
-                    # promise: a loop over the largest reduction, many parallel blocks, no split
-                    key = (
-                        lp is None,
-                        s is not None,
-                        -sum(math.log2(sizes[c]) for c in grid),
-                        -(sizes[lp] if lp is not None else 0),
-                    )
-                    out.append((key, m))
+    for s in [None, *(red if split else [])]:
+        for lp in [None, *(red if loop else [])]:
+            m = MappingClass(() if s is None else (s,), lp, frozenset() if s is None else {s})
+            # promise: a loop over the largest reduction, no split
+            out.append(((lp is None, s is not None, -(sizes[lp] if lp is not None else 0)), m))
     out.sort(key=lambda km: km[0])
     return [m for _, m in out]
+
+
+def grid_expansions(
+    m: MappingClass, parallel: Sequence[int], sizes: Mapping[int, int], small: Mapping[int, int]
+) -> list[MappingClass]:
+    """`m` with every subset of the output dimensions `parallel` added as grid axes.
+
+    Largest first; output dimensions come before the split dimension, in output-axis order.
+    """
+    par = [c for c in parallel if sizes[c] >= 2 and small[c] % 2 == 0 and c not in m.grid]
+    room = MAX_GRID_AXES - len(m.grid)
+    out = []
+    for n in range(min(room, len(par)), -1, -1):
+        for grid in itertools.combinations(par, n):
+            out.append(MappingClass((*grid, *m.grid), m.loop, m.split))
+    return out
 
 
 def _grid_choices(size: int, max_blocks: int) -> list[int]:
