@@ -32,6 +32,7 @@ from typing import Any
 from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, validate
 from mirage_jax.search import cost as cost_model
+from mirage_jax.search import cuts as cut_mod
 from mirage_jax.search import dims as dims_mod
 from mirage_jax.search import expr as E
 from mirage_jax.search.enumerate import (
@@ -82,6 +83,8 @@ class Budget:
         trials: field trials per verification.
         numbers_per_structure: full-size instances kept per structure.
         split: try split-K (a reduction split across the grid, then a combining kernel).
+        cuts: when nothing is found in one piece, cut the region at matmul prologues and search
+            the pieces (`cuts.py`); cut_share: the part of `time_s` kept for that.
     """
 
     time_s: float = 300.0
@@ -95,6 +98,8 @@ class Budget:
     trials: int = 2
     numbers_per_structure: int = 4
     split: bool = True
+    cuts: bool = True
+    cut_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -440,7 +445,10 @@ def search(
     tasks = tasks_of(problem, budget)
     seconds["prepare"] = time.perf_counter() - t0
 
-    deadline = time.monotonic() + budget.time_s
+    # with cuts possible, the one-piece enumeration gets a share of the time, the pieces the rest
+    cut_deadline = time.monotonic() + budget.time_s
+    share = budget.cut_share if budget.cuts and budget.max_kernels >= 2 else 0.0
+    deadline = time.monotonic() + budget.time_s * (1.0 - share)
     counters = Counters()
     stats: dict[str, Any] = {
         "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0, "inherited": 0,
@@ -532,8 +540,18 @@ def search(
                 name=program.meta.get("name", "region"),
             )  # fmt: skip
             instances.append((c.seconds, rank, MuGraph(g.ops, g.outputs, meta), key))
-    instances.sort(key=lambda x: (x[0], x[1], x[2].canonical_hash))
     seconds["numbers"] = time.perf_counter() - t0
+
+    # kernel cuts: when no one- or two-kernel µGraph was found, search the pieces
+    if not instances and budget.cuts and budget.max_kernels >= 2:
+        t0 = time.perf_counter()
+        found, cut_stats = _search_cuts(program, budget, seed, target, device, cut_deadline)
+        for c, g, desc in found:
+            descriptions.append(desc)
+            instances.append((c, len(descriptions), g, "cut:" + g.canonical_hash))
+        stats["cuts"] = cut_stats
+        seconds["cuts"] = time.perf_counter() - t0
+    instances.sort(key=lambda x: (x[0], x[1], x[2].canonical_hash))
     stats["instances"] = len(instances)
 
     # confirm: full-size verification of the best
@@ -597,6 +615,9 @@ def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph]
         if key in bad_keys:
             continue
         meta = dict(g.meta)
+        if meta.get("verified") == "full":  # stitched from pieces: verified whole already
+            kept.append(g)
+            continue
         if len([k for k in kept if k.meta.get("verified") == "full"]) < budget.confirm:
             v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
             if not v:
@@ -630,3 +651,55 @@ def _progress_bar(progress: bool | None, total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, desc="µGraph search", unit="task", file=sys.stderr, leave=False)
+
+
+def _search_cuts(program: Program, budget: Budget, seed: int, target, device, deadline: float):
+    """µGraphs stitched from the best µGraph of each piece, smallest cut sets first."""
+    import dataclasses
+
+    import fields
+
+    memo: dict[str, SearchResult] = {}
+    found = []
+    stats: dict[str, Any] = {"sets_tried": 0, "pieces_searched": 0, "stitched": 0, "failed": 0}
+    for cs in cut_mod.cut_sets(program, budget.max_kernels - 1):
+        if time.monotonic() > deadline:
+            stats["stopped"] = "time"
+            break
+        stats["sets_tried"] += 1
+        parts = {}
+        for out in [*sorted(cs), *program.outputs]:
+            sub, sources = cut_mod.piece(program, out, cs)
+            key = sub.canonical_hash
+            if key not in memo:
+                left = max(1.0, deadline - time.monotonic())
+                sub_budget = dataclasses.replace(
+                    budget, time_s=min(left, budget.time_s / 4), cuts=False, results=2, confirm=1,
+                    max_kernels=max(1, budget.max_kernels - len(cs)),
+                )  # fmt: skip
+                stats["pieces_searched"] += 1
+                memo[key] = search(
+                    sub, budget=sub_budget, seed=seed, progress=False, target=target, device=device
+                )
+            r = memo[key]
+            if not r:
+                break
+            parts[out] = (r.best, sources)
+        else:
+            g = cut_mod.stitch(program, cs, parts)
+            v = fields.verify(g, program, trials=budget.trials, seed=seed)
+            if not v:
+                stats["failed"] += 1
+                continue
+            stats["stitched"] += 1
+            c = cost_model.estimate(g, device)
+            desc = f"cut at %{','.join(map(str, cs))}: " + " | ".join(
+                parts[o][0].meta.get("structure", "?") for o in [*sorted(cs), *program.outputs]
+            )
+            meta = {
+                "structure": desc, "cost": c.to_dict(), "name": program.meta.get("name", "region"),
+                "cuts": list(cs), "verified": "full", "bound": v.bound, "trials": v.trials,
+            }  # fmt: skip
+            found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
+            break  # the first working cut set (smallest, nearest the inputs) is kept
+    return found, stats

@@ -255,7 +255,7 @@ class BlockEnumerator:
             if not self.targets.contains(got.term):
                 self.c.prune("expression")
                 return "expression"
-            key = (tuple(sorted(args, reverse=True)), RANK[name], params)
+            key = (tuple(sorted(args, reverse=True)), RANK[name], repr(params))
             out.append((key, name, args, params, got))
             return got
 
@@ -267,11 +267,10 @@ class BlockEnumerator:
                 if t.shift:
                     continue
                 pre = _UNARY_PREFILTER.get(name)
-                if pre is not None:
-                    arg = params[0][1] if params else None
-                    if not ok(pre, ct, arg):
-                        self.c.prune("expression")
-                        continue
+                arg = params[0][1] if params else None
+                if pre is not None and not isinstance(arg, tuple) and not ok(pre, ct, arg):
+                    self.c.prune("expression")
+                    continue
                 push(name, (top,), params)
             if not t.shift:
                 last = len(t.labels) - 1
@@ -449,6 +448,8 @@ class BlockEnumerator:
             term = E.fn("logistic", t)
         elif name == "silu":
             term = E.mul(t, E.fn("logistic", t))
+        elif name == "mul_scalar" and isinstance(params["scalar"], tuple):
+            term = E.div(t, E.count(params["scalar"][1]))  # 1/n of a mean: ("inv_size", k)
         elif name == "mul_scalar":
             term = E.mul(t, E.const(params["scalar"]))
         elif name == "add_scalar":
@@ -702,6 +703,11 @@ def build_vocabulary(
         unary.append(("mul_scalar", (("scalar", s),)))
     for s in scalars["add"]:
         unary.append(("add_scalar", (("scalar", s),)))
+    # the 1/n of a mean over a non-last axis (exact when n is a power of two)
+    counted = {k for classes, _ in dims.counts.values() for k in classes}
+    for k in sorted(reduce_dims & counted):
+        if dims.sizes[k] & (dims.sizes[k] - 1) == 0:
+            unary.append(("mul_scalar", (("scalar", ("inv_size", k)),)))
     eps_values = [None] + [s for s in scalars["add"] if 0 < s < 1e-2]
     if "sqrt" in ops and has_square and "reduce_sum" in ops:
         for eps in eps_values:
@@ -729,8 +735,18 @@ def build_vocabulary(
         shift_dims=frozenset(shift_dims),
         shifts=shifts,
         accumulators=tuple(accs),
-        concat_matmul="matmul" in ops
-        and "add" in ops
-        and program.op_counts().get("matmul", 0) >= 2,
+        concat_matmul=_adds_matmuls(program),
         matmul="matmul" in ops,
     )
+
+
+def _adds_matmuls(program: Any) -> bool:
+    """Does the program add two matmul results (what concat_matmul fuses, as in LoRA)?"""
+    nodes = program.nodes
+
+    def from_matmul(i: int) -> bool:
+        while nodes[i].op in ("convert", "broadcast_in_dim", "reshape"):
+            i = nodes[i].args[0]
+        return nodes[i].op == "matmul"
+
+    return any(n.op == "add" and all(from_matmul(a) for a in n.args) for _, n in program.ops())

@@ -131,6 +131,8 @@ class Numbers:
 def resolve(value: Any, sizes: Mapping[int, int]) -> Any:
     if isinstance(value, tuple) and len(value) == 2 and value[0] == "size":
         return sizes[value[1]]
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "inv_size":
+        return 1.0 / sizes[value[1]]
     return value
 
 
