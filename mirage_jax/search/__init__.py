@@ -9,3 +9,5 @@ from mirage_jax.search.driver import Budget as Budget
 from mirage_jax.search.driver import SearchError as SearchError
 from mirage_jax.search.driver import SearchResult as SearchResult
 from mirage_jax.search.driver import search as search
+from mirage_jax.search.select import Selection as Selection
+from mirage_jax.search.select import select as select

@@ -20,7 +20,9 @@ not explored. A budget that runs out returns what was found with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -145,6 +147,7 @@ class SearchResult:
             },
             sort_keys=True,
             default=str,
+            ensure_ascii=False,
         )
 
 
@@ -167,6 +170,18 @@ class Problem:
     seed: int
     max_outputs: int
     shrunk: bool
+
+    def __getstate__(self):  # term ids are per process: send the terms themselves
+        state = dict(self.__dict__)
+        state["inputs"] = tuple((t, E.export(t.term)) for t in self.inputs)
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state["inputs"] = tuple(
+            dataclasses.replace(t, term=E.import_(term)) for t, term in state["inputs"]
+        )
+        self.__dict__.update(state)
 
 
 @dataclass(frozen=True)
@@ -465,7 +480,10 @@ def search(
     pool = None
     if workers > 1:
         pool = ProcessPoolExecutor(
-            max_workers=workers, initializer=_init_worker, initargs=(problem,)
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),  # no fork of a process using jax
+            initializer=_init_worker,
+            initargs=(problem,),
         )
     else:
         _init_worker(problem)
@@ -604,31 +622,41 @@ def _instances(problem: Problem, s: Structure, target: Target, device, keep: int
 
 
 def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph], int]:
+    """Pick `budget.results` instances (the best of every structure first, then the next
+    cheapest), verify the `budget.confirm` cheapest at full size, return them by cost."""
     import fields
 
+    firsts: dict[str, int] = {}
+    for i, (_, _, _, key) in enumerate(instances):
+        firsts.setdefault(key, i)
+    primary = sorted(firsts.values())
+    taken = set(primary)
+    pool = primary + [i for i in range(len(instances)) if i not in taken]
     kept: list[MuGraph] = []
     failed = 0
     bad_keys: set[str] = set()
-    for _, _, g, key in instances:
-        if len(kept) >= budget.results:
-            break
-        if key in bad_keys:
-            continue
-        meta = dict(g.meta)
-        if meta.get("verified") == "full":  # stitched from pieces: verified whole already
-            kept.append(g)
-            continue
-        if len([k for k in kept if k.meta.get("verified") == "full"]) < budget.confirm:
-            v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
-            if not v:
-                failed += 1
-                bad_keys.add(key)
+    confirmed = 0
+    while pool and len(kept) < budget.results:
+        chosen = sorted(pool[: budget.results - len(kept)])
+        pool = pool[len(chosen) :]
+        for i in chosen:
+            _, _, g, key = instances[i]
+            if key in bad_keys:
                 continue
-            meta.update(verified="full", bound=v.bound, trials=v.trials)
-        else:
-            meta.update(verified="representative")
-        kept.append(MuGraph(g.ops, g.outputs, meta))
-    return kept, failed
+            meta = dict(g.meta)
+            if meta.get("verified") != "full" and confirmed < budget.confirm:
+                v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
+                if not v:
+                    failed += 1
+                    bad_keys.add(key)
+                    continue
+                confirmed += 1
+                meta.update(verified="full", bound=v.bound, trials=v.trials)
+            elif meta.get("verified") != "full":
+                meta.update(verified="representative")
+            kept.append((i, MuGraph(g.ops, g.outputs, meta)))
+    kept.sort(key=lambda x: x[0])
+    return [g for _, g in kept], failed
 
 
 def _message(kept, stop_reason: str, descriptions) -> str:
@@ -655,8 +683,6 @@ def _progress_bar(progress: bool | None, total: int):
 
 def _search_cuts(program: Program, budget: Budget, seed: int, target, device, deadline: float):
     """µGraphs stitched from the best µGraph of each piece, smallest cut sets first."""
-    import dataclasses
-
     import fields
 
     memo: dict[str, SearchResult] = {}

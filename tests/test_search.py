@@ -1,0 +1,316 @@
+"""The µGraph search at reduced shapes: the original's structures, verification, budgets, errors."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fields
+import lax_ir
+from experiments import benchmarks
+from mirage_jax.mugraph import MuGraph, evaluate_reference
+from mirage_jax.search import Budget, SearchError, search
+from mirage_jax.search import dims as dims_mod
+from mirage_jax.search import expr as E
+
+SEARCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "mirage_jax" / "search"
+BUDGET = Budget(time_s=120.0, results=64, confirm=4)
+_CACHE: dict = {}
+
+
+def region(name: str, batch: int = 1, small: bool = True) -> lax_ir.Program:
+    bm = benchmarks.get(name, batch)
+    if small:
+        bm = bm.small()
+    return lax_ir.partition(lax_ir.capture(bm.fn, *bm.inputs)).regions[0].program
+
+
+def searched(name: str, batch: int = 1):
+    """One search per workload for the whole file (they are the slow part)."""
+    if (name, batch) not in _CACHE:
+        p = region(name, batch)
+        _CACHE[(name, batch)] = (p, search(p, budget=BUDGET, seed=0, progress=False))
+    return _CACHE[(name, batch)]
+
+
+def kernels(g: MuGraph):
+    return [op for op in g.ops if op.op != "input"]
+
+
+def block_ops(op) -> list[str]:
+    return [b.op for b in op.block_graph.ops]
+
+
+def arg_ops(bg, b) -> list[str]:
+    """The op names producing the arguments of block op `b` ("input" for inputs)."""
+    out = []
+    for a in b.args:
+        src = bg.op_of(a)
+        out.append("input" if src is None else src.op)
+    return out
+
+
+def any_graph(result, predicate) -> MuGraph:
+    for g in result.mugraphs:
+        if predicate(g):
+            return g
+    raise AssertionError(
+        "no returned µGraph has the expected structure; found:\n" + "\n".join(result.structures)
+    )
+
+
+def check_float64(program: lax_ir.Program, g: MuGraph, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(shape) * 0.5 for shape, _ in program.input_avals]
+    want = lax_ir.evaluate_reference(program, *xs)
+    got = evaluate_reference(g, *xs)
+    for w, o in zip(want, got):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-9, atol=1e-9)
+
+
+def check_all_verified(program, result) -> None:
+    assert result.mugraphs, result.message
+    for g in result.mugraphs:
+        assert fields.verify(g, program, trials=1, seed=7), g.meta.get("structure")
+        check_float64(program, g)
+
+
+# ---------------------------------------------------------------------------- structures
+def test_rmsnorm_one_kernel_rms_and_matmul_in_one_loop_divide_after():
+    p, r = searched("rmsnorm")
+    assert r.stop_reason == "exhausted"
+
+    def want(g):
+        (k,) = kernels(g)
+        bg = k.block_graph
+        if bg is None or bg.forloop_range < 2:
+            return False
+        names = block_ops(k)
+        if "accum_rms_last" not in names or "div" not in names:
+            return False
+        accs = [b for b in bg.ops if b.op == "accum_sum" and arg_ops(bg, b) == ["matmul"]]
+        divs = [b for b in bg.ops if b.op == "div"]
+        return bool(accs) and any(
+            set(arg_ops(bg, d)) == {"accum_sum", "accum_rms_last"} for d in divs
+        )
+
+    any_graph(r, want)
+    check_all_verified(p, r)
+
+
+def test_gated_mlp_both_matmuls_and_silu_gate_in_one_kernel():
+    p, r = searched("gated_mlp")
+
+    def want(g):
+        (k,) = kernels(g)
+        names = block_ops(k) if k.block_graph is not None else []
+        return names.count("matmul") == 2 and "silu" in names and "mul" in names
+
+    g = any_graph(r, want)
+    assert any(
+        kernels(x)[0].block_graph.forloop_range > 1 for x in r.mugraphs if len(kernels(x)) == 1
+    ), "a looped one-kernel form is among the results"
+    assert g is not None
+    check_all_verified(p, r)
+
+
+def test_lora_one_kernel_concat_then_matmul():
+    p, r = searched("lora")
+
+    def want(g):
+        ks = kernels(g)
+        return len(ks) == 1 and "concat_matmul" in block_ops(ks[0])
+
+    any_graph(r, want)
+    check_all_verified(p, r)
+
+
+def test_ntrans_one_kernel():
+    p, r = searched("ntrans")
+    g = any_graph(r, lambda g: len(kernels(g)) == 1 and kernels(g)[0].block_graph is not None)
+    assert block_ops(kernels(g)[0]).count("rms_norm") == 2
+    check_all_verified(p, r)
+
+
+@pytest.mark.parametrize("name", ["gqa", "gqa_scaled"])
+def test_gqa_split_over_kv_plus_combining_kernel(name):
+    p, r = searched(name)
+
+    def want(g):
+        ks = kernels(g)
+        if len(ks) != 2 or any(k.block_graph is None for k in ks):
+            return False
+        first, combine = ks
+        return (
+            len(first.block_graph.outputs) == 2
+            and "accum_sum_todimx" in block_ops(combine)
+            and "div" in block_ops(combine)
+        )
+
+    any_graph(r, want)
+    # and the one-kernel form with a loop over the KV length
+    any_graph(
+        r,
+        lambda g: (
+            len(kernels(g)) == 1
+            and kernels(g)[0].block_graph.forloop_range > 1
+            and block_ops(kernels(g)[0]).count("matmul") == 2
+        ),
+    )
+    check_all_verified(p, r)
+
+
+def test_gqa_stable_online_softmax():
+    p, r = searched("gqa_stable")
+
+    def want(g):
+        ks = kernels(g)
+        if len(ks) != 1 or ks[0].block_graph.forloop_range < 2:
+            return False
+        names = block_ops(ks[0])
+        return {"accum_max", "accum_rescale_sum", "accum_rescale_sum_last"} <= set(names)
+
+    any_graph(r, want)
+    check_all_verified(p, r)
+
+
+# ---------------------------------------------------------------------------- behaviour
+def test_deterministic_for_a_seed():
+    p = region("rmsnorm")
+    a = search(p, budget=BUDGET, seed=3, progress=False)
+    b = search(p, budget=BUDGET, seed=3, progress=False)
+    assert [g.canonical_hash for g in a.mugraphs] == [g.canonical_hash for g in b.mugraphs]
+    assert a.structures == b.structures
+
+
+def test_workers_give_the_same_result():
+    p = region("rmsnorm")
+    a = search(p, budget=BUDGET, seed=0, progress=False)
+    b = search(p, budget=BUDGET, seed=0, progress=False, workers=2)
+    assert [g.canonical_hash for g in a.mugraphs] == [g.canonical_hash for g in b.mugraphs]
+
+
+def test_time_budget_stops_with_reason():
+    p = region("gqa_scaled")
+    r = search(p, budget=Budget(time_s=0.0, cuts=False), progress=False)
+    assert r.stop_reason == "time"
+    assert not r and "time" in r.message
+
+
+def test_candidate_budget_stops_with_reason():
+    p = region("rmsnorm")
+    r = search(p, budget=Budget(max_candidates=1), progress=False)
+    assert r.stop_reason == "candidates"
+    assert r.stats["verified"] + r.stats["invalid"] <= 1
+
+
+def test_no_better_mugraph_is_an_empty_result_that_says_so():
+    x = jnp.zeros((16, 32), jnp.float16)
+    p = lax_ir.capture(lambda x: jnp.transpose(x) * 2.0, x)
+    r = search(p, budget=Budget(time_s=30.0), progress=False)
+    assert not r and r.best is None
+    assert r.stop_reason == "no-candidates"
+    assert "XLA" in r.message
+    assert "no µGraph" in r.to_json()
+
+
+def test_region_outside_the_fragment_names_the_op():
+    x = jnp.zeros((8, 16), jnp.float32)
+    p = lax_ir.capture(lambda x: jnp.cumsum(x, axis=1) * 2.0, x)
+    with pytest.raises(SearchError, match="cumsum"):
+        search(p, progress=False)
+
+
+def test_stats_and_json():
+    _, r = searched("rmsnorm")
+    for key in ("generated", "pruned", "verified", "accepted", "rejected", "seconds"):
+        assert key in r.stats
+    assert {"enumerate", "verify_small", "numbers", "verify_full"} <= set(r.stats["seconds"])
+    assert r.stats["pruned"]["expression"] > 0
+    import json
+
+    doc = json.loads(r.to_json())
+    assert doc["stop_reason"] == "exhausted" and doc["mugraphs"]
+
+
+def test_search_never_reads_the_peer_checkpoints():
+    for path in SEARCH_DIR.glob("*.py"):
+        text = path.read_text()
+        assert "peer" not in text and "mirage_mugraphs" not in text, path
+
+
+# ---------------------------------------------------------------------------- parts
+def test_shrink_equals_the_program_captured_at_small_shapes():
+    bm = benchmarks.get("rmsnorm", 1)
+    p = region("rmsnorm", small=False)
+    d = dims_mod.analyse(p)
+    small = dims_mod.shrink(p, dims_mod.small_sizes(d), d)
+    q = (
+        lax_ir.partition(
+            lax_ir.capture(
+                bm.resized({"hidden": 16, "out": 16}).fn,
+                *bm.resized({"hidden": 16, "out": 16}).inputs,
+            )
+        )
+        .regions[0]
+        .program
+    )
+    assert small == q
+
+
+def test_subexpression_lookup_follows_the_axioms():
+    x, w = E.var("x0"), E.var("x1")
+    rms = E.rms(1, x, 1e-6)
+    target = E.red(1, E.mul(E.div(x, rms), w))  # rms_norm(X) @ W
+    t = E.Targets([target])
+    assert t.contains(E.red(1, E.mul(x, w)))  # the matmul first ...
+    assert t.equals(E.div(E.red(1, E.mul(x, w)), rms), 0)  # ... then the division
+    assert t.contains(rms)
+    assert not t.contains(E.red(1, E.mul(E.mul(x, x), w)))
+    assert not t.contains(E.red(2, E.mul(x, w)))  # the wrong dimension
+
+
+def test_qknorm_cut_into_pieces():
+    p = region("qknorm")
+    r = search(p, budget=Budget(time_s=40.0), seed=0, progress=False)
+    assert r, r.message
+    g = r.best
+    assert g.meta.get("cuts"), g.meta.get("structure")
+    assert 2 <= len(kernels(g)) <= 3
+    check_all_verified(p, r)
+
+
+def test_select_keeps_xla_on_ties_and_takes_a_faster_mugraph():
+    from mirage_jax.search import select
+
+    p, r = searched("rmsnorm")
+    best = r.mugraphs[0]
+
+    def fake_lower(g, backend="pallas"):
+        return lambda *xs: tuple(evaluate_reference(g, *xs))
+
+    def timer(times):
+        def t(fn, inputs):
+            return times(fn)
+
+        return t
+
+    xla_first = {}
+
+    def tie(fn):  # every contender as fast as XLA: XLA wins
+        return 10.0
+
+    sel = select(r, p, top=2, timer=timer(tie), lower=fake_lower)
+    assert sel.best is None and "XLA kept" in sel.reason
+    assert sel.contenders[0].label == "xla" and len(sel.contenders) == 3
+
+    def faster(fn):  # XLA is timed first; every µGraph after it is twice as fast
+        xla_first.setdefault("xla", fn)
+        return 10.0 if fn is xla_first["xla"] else 5.0
+
+    sel = select(r, p, top=2, timer=timer(faster), lower=fake_lower)
+    assert sel.best is not None and sel.best.canonical_hash == best.canonical_hash
+    assert "fastest" in sel.reason
