@@ -251,7 +251,11 @@ def prepare(program: Program, *, seed: int, budget: Budget) -> Problem:
         KTensor(("in", k), terms[n], sdims.axes[n], small_program.nodes[n].dtype)
         for k, n in enumerate(small_program.inputs)
     )
-    targets = E.Targets([terms[o] for o in small_program.outputs])
+    var_dims = {
+        f"x{k}": frozenset(c for c in sdims.axes[n] if c is not None)
+        for k, n in enumerate(small_program.inputs)
+    }
+    targets = E.Targets([terms[o] for o in small_program.outputs], var_dims)
     scalars = E.scalar_constants(small_program, sdims)
     return Problem(
         program=program,

@@ -50,6 +50,11 @@ _UNARY_PREFILTER = {
 }  # fmt: skip
 NONLINEAR_UNARY = frozenset({"exp", "square", "sqrt", "sigmoid", "silu", "add_scalar"})
 ACCUMULATORS = frozenset(n for n in RANK if n.startswith("accum_"))
+# A scale by a constant goes on a factor, never on a product or quotient (where commutativity
+# would put it on every factor in turn), and never on another scale.
+_NO_SCALE = frozenset(
+    {"mul", "div", "square", "mul_scalar", "silu", "sigmoid", "sqrt", "rms_norm", "add_scalar"}
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,10 @@ class Vocabulary:
     accumulators: tuple[tuple[str, tuple], ...]
     concat_matmul: bool
     matmul: bool
+
+    @property
+    def square(self) -> bool:
+        return any(name == "square" for name, _ in self.unary)
 
     @property
     def max_arity(self) -> int:
@@ -186,6 +195,7 @@ class BlockEnumerator:
         uses = [0] * len(tensors)
         self._pairs: list[tuple[int, int, BT]] = []  # valid matmul operand pairs on the path
         self._sigs: dict[tuple, int] = {}  # values on the path (see `_signature`)
+        self._src = ["input"] * len(tensors)  # the op that made each tensor on the path
         for t in tensors:
             self._sigs[self._signature(t)] = 1
         pending: list[tuple] = []
@@ -218,6 +228,7 @@ class BlockEnumerator:
                 self.c.prune("equivalent")
                 continue
             self._sigs[sig] = self._sigs.get(sig, 0) + 1
+            self._src.append(name)
             tensors.append(bt)
             uses.append(0)
             for a in args:
@@ -226,6 +237,7 @@ class BlockEnumerator:
             child = pending[idx + 1 :] + self._new_candidates(tensors, n)
             yield from self._dfs(tensors, uses, ops, child, max_ops)
             del self._sigs[sig]
+            self._src.pop()
             del self._pairs[n_pairs:]
             ops.pop()
             for a in args:
@@ -263,8 +275,9 @@ class BlockEnumerator:
         ct = cls[top]
         ok = self.targets.unary_ok
         if not t.transfer:
+            scalable = self._src[top] not in _NO_SCALE
             for name, params in v.unary:
-                if t.shift:
+                if t.shift or (name == "mul_scalar" and not scalable):
                     continue
                 pre = _UNARY_PREFILTER.get(name)
                 arg = params[0][1] if params else None
@@ -302,6 +315,8 @@ class BlockEnumerator:
                             if other != top:
                                 push(name, (other, top))
                             continue
+                        if name == "mul" and other == top and v.square:
+                            continue  # square(x) says it
                         fwd, rev = self.targets.partners(name, ct)
                         if co in fwd:
                             push(name, (top, other))
