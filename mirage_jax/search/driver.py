@@ -377,13 +377,11 @@ def run_task(
                     out.duplicates += 1
                     if known.get(key, out.verdicts.get(key)):
                         passed.append(grid)
+                elif any(grid <= p for p in passed):
+                    out.inherited += 1  # a smaller grid of a verified one: its numbers cover it
                 elif g is None:
                     out.invalid += 1
                     out.verdicts[key] = False
-                elif any(grid <= p for p in passed):
-                    out.inherited += 1
-                    out.verdicts[key] = True
-                    out.accepted.append((s, key))
                 else:
                     try:
                         ok = bool(

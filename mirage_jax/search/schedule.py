@@ -67,12 +67,13 @@ def grid_expansions(
     return out
 
 
-def _grid_choices(size: int, max_blocks: int) -> list[int]:
-    """Grid sizes g >= 2 dividing `size` whose tile size/g is a power of two.
+def _grid_choices(size: int, max_blocks: int, allow_one: bool) -> list[int]:
+    """Grid sizes g dividing `size` whose tile size/g is a power of two.
 
-    Size 1 is left out: the mapping class without that grid axis is the same µGraph.
+    1 is allowed on an output dimension (a structure stands for its smaller grids too: a grid
+    that verified covers its subsets), not on a split reduction (that would be no split).
     """
-    out = set()
+    out = {1} if allow_one else set()
     for g in range(2, min(size, max_blocks) + 1):
         if size % g == 0 and (size // g) & (size // g - 1) == 0:
             out.add(g)
@@ -88,7 +89,7 @@ def numbers_for(
         if spec.predefined:
             continue
         m = spec.mapping
-        axis_choices = [_grid_choices(sizes[c], max_blocks) for c in m.grid]
+        axis_choices = [_grid_choices(sizes[c], max_blocks, c not in m.split) for c in m.grid]
         options = []
         for grid in itertools.product(*axis_choices):
             if math.prod(grid) > max_blocks:
