@@ -28,46 +28,19 @@ import sys
 import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, validate
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import cuts as cut_mod
-from mirage_jax.search import dims as dims_mod
-from mirage_jax.search import expr as E
-from mirage_jax.search.enumerate import (
-    BlockEnumerator,
-    Counters,
-    Goal,
-    build_vocabulary,
-    omap_of,
-    output_tensor,
-)
-from mirage_jax.search.schedule import grid_expansions, numbers_for, schedule_classes
-from mirage_jax.search.structure import (
-    KernelSpec,
-    KTensor,
-    MappingClass,
-    Structure,
-    instantiate,
-    representative,
-    representative_numbers,
-)
+from mirage_jax.search.enumerate import Counters
+from mirage_jax.search.schedule import numbers_for
+from mirage_jax.search.structure import Structure, instantiate
+from mirage_jax.search.tasks import Problem, init_worker, prepare, run_task, tasks_of
 
-SUPPORTED = frozenset(
-    {
-        "input", "constant", "matmul", "add", "sub", "mul", "div", "neg", "exp", "integer_pow",
-        "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "convert",
-        "sqrt", "logistic", "tanh", "erf", "concatenate",
-    }
-)  # fmt: skip
 STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
-
-
-class SearchError(ValueError):
-    """The region cannot be searched (the message names the op or the rule)."""
 
 
 @dataclass(frozen=True)
@@ -151,284 +124,6 @@ class SearchResult:
         )
 
 
-# ---------------------------------------------------------------------------- problem
-@dataclass
-class Problem:
-    """Everything a task needs (pickled once per worker)."""
-
-    program: Program
-    small_program: Program
-    dims: dims_mod.Dims
-    small: dict[int, int]
-    sizes: dict[int, int]
-    inputs: tuple[KTensor, ...]
-    targets: E.Targets
-    output_labels: tuple
-    vocab: Any
-    combine_vocab: Any
-    trials: int
-    seed: int
-    max_outputs: int
-    shrunk: bool
-
-    def __getstate__(self):  # term ids are per process: send the terms themselves
-        state = dict(self.__dict__)
-        state["inputs"] = tuple((t, E.export(t.term)) for t in self.inputs)
-        return state
-
-    def __setstate__(self, state):
-        state = dict(state)
-        state["inputs"] = tuple(
-            dataclasses.replace(t, term=E.import_(term)) for t, term in state["inputs"]
-        )
-        self.__dict__.update(state)
-
-
-@dataclass(frozen=True)
-class Task:
-    """One independent subtree: a mapping class of the region's (first) kernel."""
-
-    index: int
-    mapping: MappingClass
-
-
-@dataclass
-class TaskOutcome:
-    index: int
-    depth: int
-    accepted: list = field(default_factory=list)  # (structure, key)
-    verdicts: dict = field(default_factory=dict)  # key -> bool
-    counters: Counters = field(default_factory=Counters)
-    verified: int = 0
-    rejected: int = 0
-    invalid: int = 0
-    duplicates: int = 0
-    inherited: int = 0
-    enumerate_s: float = 0.0
-    verify_s: float = 0.0
-    stopped: str = ""
-    saturation: dict = field(default_factory=dict)
-
-
-def check_fragment(program: Program) -> None:
-    """Raise SearchError naming the first op outside what the search handles."""
-    for i, n in program.ops():
-        if n.op not in SUPPORTED:
-            what = n.op
-            if n.op == "opaque":
-                what = f"opaque primitive `{n.param('payload').primitive.name}`"
-            raise SearchError(
-                f"the region is outside the Lax fragment: op `{what}` (node %{i}) has no µGraph "
-                "form; partition the program (lax_ir.partition) and search its Lax regions"
-            )
-        if n.op == "reduce_max" and not n.param("shift"):
-            raise SearchError(
-                f"the region is outside the Lax fragment: op `reduce_max` (node %{i}) is not a "
-                "softmax shift"
-            )
-        if n.dtype not in ("float16", "bfloat16", "float32", "float64"):
-            raise SearchError(f"op `{n.op}` (node %{i}) works on {n.dtype}, not a float dtype")
-    if not program.outputs:
-        raise SearchError("the region has no outputs")
-
-
-def prepare(program: Program, *, seed: int, budget: Budget) -> Problem:
-    """Dimensions, the shrunk representative program, targets, vocabulary."""
-    check_fragment(program)
-    dims = dims_mod.analyse(program)
-    small = dims_mod.small_sizes(dims)
-    try:
-        small_program = dims_mod.shrink(program, small, dims)
-        shrunk = True
-    except dims_mod.ShrinkError:
-        small_program, small, shrunk = program, dict(enumerate(dims.sizes)), False
-    sdims = dims_mod.analyse(small_program)
-    try:
-        terms = E.program_terms(small_program, sdims)
-    except ValueError as e:
-        raise SearchError(str(e)) from None
-    inputs = tuple(
-        KTensor(("in", k), terms[n], sdims.axes[n], small_program.nodes[n].dtype)
-        for k, n in enumerate(small_program.inputs)
-    )
-    var_dims = {
-        f"x{k}": frozenset(c for c in sdims.axes[n] if c is not None)
-        for k, n in enumerate(small_program.inputs)
-    }
-    targets = E.Targets([terms[o] for o in small_program.outputs], var_dims)
-    scalars = E.scalar_constants(small_program, sdims)
-    return Problem(
-        program=program,
-        small_program=small_program,
-        dims=dims,
-        small=small,
-        sizes=dict(enumerate(dims.sizes)),
-        inputs=inputs,
-        targets=targets,
-        output_labels=tuple(sdims.axes[o] for o in small_program.outputs),
-        vocab=build_vocabulary(small_program, sdims, scalars),
-        combine_vocab=build_vocabulary(small_program, sdims, scalars, combine=True),
-        trials=budget.trials,
-        seed=seed,
-        max_outputs=budget.max_outputs,
-        shrunk=shrunk,
-    )
-
-
-def parallel_dims(problem: Problem) -> list[int]:
-    """The output dimensions, in output-axis order (grid axes split these)."""
-    out = []
-    for labels in problem.output_labels:
-        for c in labels:
-            if c is not None and c not in out:
-                out.append(c)
-    return out
-
-
-def tasks_of(problem: Problem, budget: Budget) -> list[Task]:
-    present = {c for t in problem.inputs for c in t.labels if isinstance(c, int)}
-    reduced = sorted(c for c in problem.dims.reduced if c in present)
-    classes = schedule_classes(
-        reduced, problem.sizes, problem.small, split=budget.split and budget.max_kernels >= 2
-    )
-    return [Task(i, m) for i, m in enumerate(classes)]
-
-
-# ---------------------------------------------------------------------------- tasks
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(problem: Problem) -> None:
-    _WORKER["problem"] = problem
-
-
-def _structure_key(problem: Problem, s: Structure) -> tuple[str, MuGraph | None]:
-    try:
-        g = instantiate(
-            s,
-            problem.small_program.input_avals,
-            problem.small,
-            representative_numbers(s, problem.small),
-        )
-        g.shapes  # noqa: B018 (validate)
-        return g.canonical_hash, g
-    except MuGraphError as e:
-        return "invalid:" + str(e), None
-
-
-def run_task(
-    task: Task, depth: int, deadline: float, max_candidates: int, known: dict, problem=None
-) -> TaskOutcome:
-    """Enumerate graphs of `task` with at most `depth` block ops; verify the new ones."""
-    import fields
-
-    problem = problem or _WORKER["problem"]
-    out = TaskOutcome(task.index, depth)
-    m = task.mapping
-    rep_grid, rep_loop = representative(m, problem.small)
-    targets = tuple(range(len(problem.output_labels)))
-    if m.split:
-        goal = Goal(split=next(iter(m.split)), max_outputs=problem.max_outputs)
-    else:
-        goal = Goal(targets=targets, output_labels=problem.output_labels)
-    examined = 0
-
-    def stop() -> bool:
-        if time.monotonic() > deadline:
-            out.stopped = "time"
-            return True
-        if examined >= max_candidates:
-            out.stopped = "candidates"
-            return True
-        return False
-
-    t_start = time.perf_counter()
-    problem.targets.egraph  # noqa: B018 (saturate once per process)
-    out.saturation = problem.targets.stats()
-    en = BlockEnumerator(
-        problem.inputs, m, problem.small, rep_grid, rep_loop, problem.vocab, problem.targets,
-        goal, out.counters, stop,
-    )  # fmt: skip
-    parallel = parallel_dims(problem)
-    for closed in en.run(depth):
-        combines = list(_combine(problem, m, closed, out, stop)) if m.split else [None]
-        passed: list[frozenset] = []  # grids that verified: their subsets need no test
-        for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
-            omaps = [omap_of(mm, closed.tensors[t].labels) for t, _ in closed.outputs]
-            if any(o is None for o in omaps):
-                continue
-            spec = KernelSpec(
-                tuple(t.ref for t in problem.inputs), mm, closed.ops,
-                tuple((t, o) for (t, _), o in zip(closed.outputs, omaps)),
-                input_labels=tuple(t.labels for t in problem.inputs),
-            )  # fmt: skip
-            for second in combines:
-                if second is None:
-                    s = Structure((spec,), tuple(("k", 0, j) for j in range(len(omaps))))
-                else:
-                    s = Structure(
-                        (spec, second), tuple(("k", 1, j) for j in range(len(second.outputs)))
-                    )
-                examined += 1
-                t0 = time.perf_counter()
-                key, g = _structure_key(problem, s)
-                grid = frozenset(mm.grid)
-                if key in known or key in out.verdicts:
-                    out.duplicates += 1
-                    if known.get(key, out.verdicts.get(key)):
-                        passed.append(grid)
-                elif any(grid <= p for p in passed):
-                    out.inherited += 1  # a smaller grid of a verified one: its numbers cover it
-                elif g is None:
-                    out.invalid += 1
-                    out.verdicts[key] = False
-                else:
-                    try:
-                        ok = bool(
-                            fields.verify(
-                                g, problem.small_program, trials=problem.trials, seed=problem.seed
-                            )
-                        )
-                    except Exception:  # a missing field meaning: reject, never crash
-                        ok = False
-                    out.verified += 1
-                    out.verdicts[key] = ok
-                    if ok:
-                        out.accepted.append((s, key))
-                        passed.append(grid)
-                    else:
-                        out.rejected += 1
-                out.verify_s += time.perf_counter() - t0
-        if stop():
-            break
-    out.enumerate_s = time.perf_counter() - t_start - out.verify_s
-    return out
-
-
-def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop):
-    """Combining kernels for the partial sums of a split-K kernel (grid: every output dim)."""
-    partials = tuple(
-        output_tensor(closed.tensors[t], m, ("k", 0, j), omap)
-        for j, (t, omap) in enumerate(closed.outputs)
-    )
-    # the grid: every output dimension that every partial sum has as a plain axis
-    parallel = [c for c in parallel_dims(problem) if all(c in t.labels for t in partials)]
-    cm = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
-    rep_grid, rep_loop = representative(cm, problem.small)
-    goal = Goal(
-        targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels
-    )
-    en = BlockEnumerator(
-        partials, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab, problem.targets,
-        goal, out.counters, stop,
-    )  # fmt: skip
-    for c in en.run(4):
-        yield KernelSpec(
-            tuple(t.ref for t in partials), cm, c.ops, c.outputs,
-            input_labels=tuple(t.labels for t in partials),
-        )  # fmt: skip
-
-
 # ---------------------------------------------------------------------------- search
 def search(
     program: Program,
@@ -484,11 +179,11 @@ def search(
         pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),  # no fork of a process using jax
-            initializer=_init_worker,
+            initializer=init_worker,
             initargs=(problem,),
         )
     else:
-        _init_worker(problem)
+        init_worker(problem)
     try:
         best_depth: int | None = None
         for depth in range(2, budget.max_block_ops + 1):

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from mirage_jax.mugraph.ops import OPS, ShapeError
 from mirage_jax.search import expr as E
-from mirage_jax.search.structure import KTensor, MappingClass, is_stack
+from mirage_jax.search.structure import KTensor, MappingClass, is_stack, omap_of
+from mirage_jax.search.vocab import Vocabulary
 
 # Op rank for the canonical order; also the vocabulary's iteration order.
 RANK = {
@@ -70,30 +70,6 @@ class BT:
     transfer: bool = False  # accum_sum without a loop: only an output may be one
     shifted: int | None = None  # the per-iteration shift this tile was computed with
     varies: frozenset = frozenset()  # for a shift: dimensions its max is partial over
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    """The block ops (with params) to try, derived from the region's own ops."""
-
-    unary: tuple[tuple[str, tuple], ...]
-    binary: tuple[str, ...]
-    reduce_dims: frozenset  # dimensions a block reduce_sum may sum (non-last axes only)
-    shift_dims: frozenset  # dimensions a softmax shift (reduce_max) is taken over
-    shifts: bool
-    accumulators: tuple[tuple[str, tuple], ...]
-    concat_matmul: bool
-    matmul: bool
-
-    @property
-    def square(self) -> bool:
-        return any(name == "square" for name, _ in self.unary)
-
-    @property
-    def max_arity(self) -> int:
-        if self.concat_matmul:
-            return 4
-        return 3 if self.shifts else 2
 
 
 @dataclass
@@ -653,115 +629,3 @@ def _compatible(a: tuple, b: tuple) -> tuple[bool, bool, bool]:
         ba = batch and b[-1] == a[-2] and b[-1] is not None
         got = _COMPAT[key] = (ew, ab, ba)
     return got
-
-
-def omap_of(mapping: MappingClass, labels: tuple) -> tuple | None:
-    """Per grid axis, the output axis blocks concatenate along (None if there is none)."""
-    omap = []
-    for c in mapping.grid:
-        if c in mapping.split:
-            ax = len(labels) - 1
-        else:
-            ax = next((d for d, lab in enumerate(labels) if lab == c), None)
-            if ax is None:
-                return None
-        if ax in omap:
-            return None
-        omap.append(ax)
-    return tuple(omap)
-
-
-def output_tensor(t: BT, mapping: MappingClass, ref, omap) -> KTensor:
-    """The kernel tensor a closed block output becomes (split outputs are stacked)."""
-    labels = list(t.labels)
-    for c, ax in zip(mapping.grid, omap):
-        if c in mapping.split:
-            labels[ax] = ("stack", labels[ax], c)
-    return KTensor(ref, t.term, tuple(labels), "", frozenset(t.partial))
-
-
-def build_vocabulary(
-    program: Any, dims: Any, scalars: dict[str, list[float]], combine: bool = False
-) -> Vocabulary:
-    """The block-op vocabulary of a region: the ops its own ops suggest.
-
-    A block `reduce_sum` is offered only over dimensions the program sums over other than the
-    last axis of its operand (a last-axis sum is an `accum_*_last`, or inside `rms_norm`), and
-    `reduce_max` only over the dimensions the program's softmax shifts are taken over.
-    """
-    ops = set(program.op_counts())
-    reduce_dims, shift_dims = set(), set()
-    for _, n in program.ops():
-        if n.op in ("reduce_sum", "reduce_max"):
-            src = dims.axes[n.args[0]]
-            for ax in n.param("axes"):
-                if src[ax] is None:
-                    continue
-                if n.op == "reduce_max":
-                    shift_dims.add(src[ax])
-                elif ax != len(src) - 1:
-                    reduce_dims.add(src[ax])
-    unary: list[tuple[str, tuple]] = []
-    has_square = any(
-        (n.op == "mul" and n.args[0] == n.args[1]) or (n.op == "integer_pow" and n.param("y") == 2)
-        for _, n in program.ops()
-    )
-    if "exp" in ops:
-        unary.append(("exp", ()))
-    if has_square:
-        unary.append(("square", ()))
-    if "sqrt" in ops:
-        unary.append(("sqrt", ()))
-    if "logistic" in ops:
-        unary += [("sigmoid", ()), ("silu", ())]
-    for s in scalars["mul"]:
-        unary.append(("mul_scalar", (("scalar", s),)))
-    for s in scalars["add"]:
-        unary.append(("add_scalar", (("scalar", s),)))
-    # the 1/n of a mean over a non-last axis (exact when n is a power of two)
-    counted = {k for classes, _ in dims.counts.values() for k in classes}
-    for k in sorted(reduce_dims & counted):
-        if dims.sizes[k] & (dims.sizes[k] - 1) == 0:
-            unary.append(("mul_scalar", (("scalar", ("inv_size", k)),)))
-    eps_values = [None] + [s for s in scalars["add"] if 0 < s < 1e-2]
-    if "sqrt" in ops and has_square and "reduce_sum" in ops:
-        for eps in eps_values:
-            unary.append(("rms_norm", (("eps", eps),) if eps else ()))
-    binary = tuple(
-        b for b in ("mul", "div", "add", "sub") if b in ops or (b == "sub" and "neg" in ops)
-    )
-    accs: list[tuple[str, tuple]] = [("accum_sum", ())]
-    if "reduce_sum" in ops or "matmul" in ops:
-        accs.append(("accum_sum_last", ()))
-    if "reduce_sum" in ops and "div" in ops:
-        accs.append(("accum_mean_last", ()))
-    if "sqrt" in ops and has_square:
-        for eps in eps_values:
-            accs.append(("accum_rms_last", (("eps", eps),) if eps else ()))
-    shifts = "reduce_max" in ops
-    if shifts:
-        accs += [("accum_max", ())]
-    if combine:
-        accs = [("accum_sum", ()), ("accum_sum_last", ()), ("accum_sum_todimx", ())]
-    return Vocabulary(
-        unary=tuple(unary),
-        binary=binary,
-        reduce_dims=frozenset(reduce_dims),
-        shift_dims=frozenset(shift_dims),
-        shifts=shifts,
-        accumulators=tuple(accs),
-        concat_matmul=_adds_matmuls(program),
-        matmul="matmul" in ops,
-    )
-
-
-def _adds_matmuls(program: Any) -> bool:
-    """Does the program add two matmul results (what concat_matmul fuses, as in LoRA)?"""
-    nodes = program.nodes
-
-    def from_matmul(i: int) -> bool:
-        while nodes[i].op in ("convert", "broadcast_in_dim", "reshape"):
-            i = nodes[i].args[0]
-        return nodes[i].op == "matmul"
-
-    return any(n.op == "add" and all(from_matmul(a) for a in n.args) for _, n in program.ops())

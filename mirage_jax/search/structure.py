@@ -192,3 +192,28 @@ def representative_numbers(s: Structure, small: Mapping[int, int]) -> Numbers:
         grids.append(tuple(grid[c] for c in spec.mapping.grid))
         loops.append(loop)
     return Numbers(tuple(grids), tuple(loops))
+
+
+def omap_of(mapping: MappingClass, labels: tuple) -> tuple | None:
+    """Per grid axis, the output axis blocks concatenate along (None if there is none)."""
+    omap = []
+    for c in mapping.grid:
+        if c in mapping.split:
+            ax = len(labels) - 1
+        else:
+            ax = next((d for d, lab in enumerate(labels) if lab == c), None)
+            if ax is None:
+                return None
+        if ax in omap:
+            return None
+        omap.append(ax)
+    return tuple(omap)
+
+
+def output_tensor(t: Any, mapping: MappingClass, ref, omap) -> KTensor:
+    """The kernel tensor a closed block output becomes (split outputs are stacked)."""
+    labels = list(t.labels)
+    for c, ax in zip(mapping.grid, omap):
+        if c in mapping.split:
+            labels[ax] = ("stack", labels[ax], c)
+    return KTensor(ref, t.term, tuple(labels), "", frozenset(t.partial))
