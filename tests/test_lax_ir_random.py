@@ -55,7 +55,9 @@ def programs(draw):
     for _ in range(draw(st.integers(1, 8))):
         kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "transpose2"]))
         if kind == "unary":
-            steps.append(("unary", draw(st.sampled_from(sorted(UNARY))), draw(st.integers(0, n_values - 1))))
+            steps.append(
+                ("unary", draw(st.sampled_from(sorted(UNARY))), draw(st.integers(0, n_values - 1)))
+            )
         elif kind == "binary":
             steps.append(
                 (
@@ -67,7 +69,12 @@ def programs(draw):
             )
         elif kind == "reduce":
             steps.append(
-                ("reduce", draw(st.sampled_from(sorted(REDUCE))), draw(st.integers(0, n_values - 1)), draw(st.integers(0, 1)))
+                (
+                    "reduce",
+                    draw(st.sampled_from(sorted(REDUCE))),
+                    draw(st.integers(0, n_values - 1)),
+                    draw(st.integers(0, 1)),
+                )
             )
         elif kind == "matmul":
             steps.append(("matmul", draw(st.integers(0, n_values - 1))))
