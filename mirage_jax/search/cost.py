@@ -3,9 +3,12 @@
 Per kernel: bytes moved (every block reads its tiles, each loop iteration its loop tiles, so
 a replicated input is counted once per block that reads it), flops (tile dims padded to powers
 of two, matmul operands to at least 16, as the Pallas lowering pads them), the launch, and how
-much of the GPU the grid can use (blocks against SMs). Time is the larger of the memory and
-compute times at the used fraction of the device, plus the launch and the loop's sequential
-iterations. Absolute numbers are rough; the model is for ordering candidates, and the GPU
+much of the GPU the grid can use (blocks against SMs, blocks that fit an SM's shared memory,
+and whether a block can overlap its loads: per-iteration tiles double-buffered in a loop).
+Time is the larger of the memory and compute times at the used fraction of the device, plus
+the launch and the loop's sequential iterations. The H100 timings of 2026-11-21 (rmsnorm:
+128 KiB weight tiles per iteration ran at 50-65 µs where the original's smaller tiles ran at
+38 µs) are why tiles that cannot be double-buffered are penalised. Absolute numbers are rough; the model is for ordering candidates, and the GPU
 timing in `select` decides.
 """
 
@@ -29,8 +32,13 @@ class Device:
     flops: float = 4.0e14  # dense fp16 with fp32 accumulation, achievable
     sms: int = 132
     launch_s: float = 3.0e-6
-    iteration_s: float = 1.5e-7  # one loop iteration's fixed latency in a block
-    sm_bandwidth_share: float = 4.0  # one SM can pull this many times its fair share
+    iteration_s: float = 5e-8  # one loop iteration's fixed latency in a block
+    sm_bandwidth_share: float = 1.5  # one SM can pull this many times its fair share
+    smem_per_sm: int = 228 * 1024
+    max_resident: int = 8  # blocks per SM
+    unpipelined: float = 0.6  # bandwidth a block gets when it cannot overlap loads (no loop)
+    oversize: float = 0.35  # ... and when its tiles cannot be double-buffered at all
+    loop_tile_bytes: int = 32 * 1024  # per-iteration tiles above this pipeline less well
 
 
 H100 = Device()
@@ -76,10 +84,27 @@ def _op_flops(op: str, arg_tiles, out_tile) -> int:
     return max(big, math.prod(out_tile))
 
 
-def _time(bytes_: int, flops: int, blocks: int, device: Device) -> float:
-    use = min(1.0, blocks * device.sm_bandwidth_share / device.sms)
+def _time(bytes_: int, flops: int, blocks: int, device: Device, memory_use: float = 1.0) -> float:
+    use = min(1.0, blocks * device.sm_bandwidth_share / device.sms) * memory_use
     use_c = min(1.0, blocks / device.sms)
     return max(bytes_ / (device.bandwidth * use), flops / (device.flops * use_c))
+
+
+def _memory_use(loop_bytes: int, smem: int, loop: int, device: Device) -> tuple[float, int]:
+    """The fraction of its bandwidth share a block gets, and how many blocks fit on an SM.
+
+    A block double-buffers its per-iteration tiles: if that does not fit in shared memory the
+    loads cannot overlap anything (`oversize`); without a loop nothing overlaps either
+    (`unpipelined`).
+    """
+    need = smem + (loop_bytes if loop > 1 else 0)
+    resident = min(device.max_resident, device.smem_per_sm // max(1, need))
+    if resident == 0:
+        return device.oversize, 1
+    if loop == 1:
+        return device.unpipelined, resident
+    # large per-iteration tiles pipeline poorly (fewer stages fit, longer latency per load)
+    return min(1.0, (device.loop_tile_bytes / max(1, loop_bytes)) ** 0.5), resident
 
 
 def estimate(g: MuGraph, device: Device = H100) -> Cost:
@@ -109,10 +134,11 @@ def estimate(g: MuGraph, device: Device = H100) -> Cost:
         info = block_info(bg)
         n_blocks, loop = bg.num_blocks, bg.forloop_range
         per_block = 0
+        loop_bytes = 0
         for k, b in enumerate(bg.inputs):
-            per_block += _nbytes(info.tiles[k], b.dtype) * (
-                loop if b.forloop_dim is not None else 1
-            )
+            t_bytes = _nbytes(info.tiles[k], b.dtype)
+            per_block += t_bytes * (loop if b.forloop_dim is not None else 1)
+            loop_bytes += t_bytes if b.forloop_dim is not None else 0
         for o in bg.outputs:
             per_block += _nbytes(info.tiles[o.arg], info.dtypes[o.arg])
         flops = 0
@@ -124,8 +150,9 @@ def estimate(g: MuGraph, device: Device = H100) -> Cost:
             flops += f * (loop if pre_loop else 1)
         b = per_block * n_blocks
         f = flops * n_blocks
-        waves = math.ceil(n_blocks / device.sms)
-        total_s += device.launch_s + _time(b, f, n_blocks, device)
+        use, resident = _memory_use(loop_bytes, info.smem_bytes, loop, device)
+        waves = math.ceil(n_blocks / (device.sms * resident))
+        total_s += device.launch_s + _time(b, f, n_blocks, device, use)
         total_s += waves * loop * device.iteration_s
         total_b += b
         total_f += f

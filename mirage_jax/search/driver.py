@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lax_ir.program import Program
-from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, validate
+from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import cuts as cut_mod
 from mirage_jax.search.enumerate import Counters
@@ -304,8 +305,12 @@ def _merge(into: Counters, c: Counters) -> None:
 
 
 def _instances(problem: Problem, s: Structure, target: Target, device, keep: int):
-    """The `keep` cheapest valid full-size instances of structure `s`."""
-    scored = []
+    """`keep` cheap valid full-size instances of structure `s`, of different shapes.
+
+    The cost model is rough, so the instances returned differ in what it is least sure of:
+    the best instance per (blocks, per-iteration tile bytes) class, powers of two apart.
+    """
+    best: dict[tuple, tuple] = {}
     for nums in numbers_for(s, problem.sizes, max_blocks=target.max_blocks):
         try:
             g = instantiate(s, problem.program.input_avals, problem.sizes, nums)
@@ -313,9 +318,27 @@ def _instances(problem: Problem, s: Structure, target: Target, device, keep: int
         except MuGraphError:
             continue
         c = cost_model.estimate(g, device)
-        scored.append((c.seconds, g.canonical_hash, g, c))
-    scored.sort(key=lambda x: (x[0], x[1]))
+        cls = (tuple(max(0, b).bit_length() for b in c.blocks), _loop_tile_class(g))
+        cand = (c.seconds, g.canonical_hash, g, c)
+        if cls not in best or cand[:2] < best[cls][:2]:
+            best[cls] = cand
+    scored = sorted(best.values(), key=lambda x: (x[0], x[1]))
     return [(g, c) for _, _, g, c in scored[:keep]]
+
+
+def _loop_tile_class(g: MuGraph) -> tuple[int, ...]:
+    """log2 of the bytes each block loads per loop iteration, per graph-defined kernel."""
+    out = []
+    for _, op in g.graph_defined():
+        bg = op.block_graph
+        info = block_info(bg)
+        n = sum(
+            math.prod(info.tiles[k]) * 2
+            for k, b in enumerate(bg.inputs)
+            if b.forloop_dim is not None
+        )
+        out.append(n.bit_length())
+    return tuple(out)
 
 
 def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph], int]:

@@ -158,14 +158,18 @@ def instantiate(
         m = spec.mapping
         grid, loop = numbers.grids[g], numbers.loops[g]
         g += 1
-        bb = BlockGraphBuilder(grid if grid else (1,), loop)
+        # grid axes of size 1 are dropped: the µGraph is the one of the smaller mapping class
+        keep = [a for a, n in enumerate(grid) if n > 1]
+        sizes_kept = tuple(grid[a] for a in keep) or (1,)
+        bb = BlockGraphBuilder(sizes_kept, loop)
         for a, labels in zip(args, spec.input_labels):
             shape, dtype = kb.shape(a)
-            bb.input(shape, dtype, m.imap(labels), m.fmap(labels))
+            imap = m.imap(labels)
+            bb.input(shape, dtype, tuple(imap[x] for x in keep) or (None,), m.fmap(labels))
         for op, op_args, params in spec.ops:
             bb.op(op, *op_args, **{n: resolve(v, sizes) for n, v in params})
         for t, omap in spec.outputs:
-            bb.output(t, omap if grid else (None,))
+            bb.output(t, tuple(omap[x] for x in keep) or (None,))
         outs = kb.graph_defined(args, bb.build())
         for j, r in enumerate(outs):
             refs[("k", k, j)] = r
