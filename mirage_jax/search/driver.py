@@ -376,7 +376,35 @@ def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph]
                 meta.update(verified="representative")
             kept.append((i, MuGraph(g.ops, g.outputs, meta)))
     kept.sort(key=lambda x: x[0])
-    return [g for _, g in kept], failed
+    return _diversify([g for _, g in kept]), failed
+
+
+def _signature(g: MuGraph) -> tuple:
+    """What a lowering sees of a µGraph: per kernel its grid, loop range and op names."""
+    return tuple(
+        (
+            op.block_graph.grid,
+            op.block_graph.forloop_range,
+            tuple(sorted(b.op for b in op.block_graph.ops)),
+        )
+        if op.block_graph is not None
+        else op.op
+        for op in g.ops
+        if op.op != "input"
+    )
+
+
+def _diversify(graphs: list[MuGraph]) -> list[MuGraph]:
+    """Cost order, except that a µGraph whose kernels a lowering would see as the same as an
+    earlier one's (same grids, loop ranges, ops) waits until every distinct one is listed:
+    the first few, which `select` times, then differ."""
+    seen: set[tuple] = set()
+    first, later = [], []
+    for g in graphs:
+        sig = _signature(g)
+        (later if sig in seen else first).append(g)
+        seen.add(sig)
+    return first + later
 
 
 def _message(kept, stop_reason: str, descriptions) -> str:
