@@ -90,6 +90,13 @@ def _online_softmax(g) -> bool:
     )
 
 
+def _online_or_split(g) -> bool:
+    ks = _kernels(g)
+    if len(ks) == 2 and all(k.block_graph is not None for k in ks):
+        return {"accum_max", "accum_rescale_sum"} <= set(_names(ks[1]))
+    return _online_softmax(g)
+
+
 def _pieces(g) -> bool:
     return bool(g.meta.get("cuts")) or len(_kernels(g)) >= 2
 
@@ -102,7 +109,11 @@ EXPECTED = {
     "gqa": ("a split-over-KV kernel plus a combining kernel", _gqa),
     "gqa_scaled": ("a split-over-KV kernel plus a combining kernel", _gqa),
     "qknorm": ("norm kernel(s) plus attention (cut at a matmul prologue)", _pieces),
-    "gqa_stable": ("online softmax: running max and rescaled sums in one loop", _online_softmax),
+    "gqa_stable": (
+        "online softmax: running max and rescaled sums (one loop, or split over KV and "
+        "rescaled when combined)",
+        _online_or_split,
+    ),
 }
 
 

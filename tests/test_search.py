@@ -174,6 +174,17 @@ def test_gqa_stable_online_softmax():
         return {"accum_max", "accum_rescale_sum", "accum_rescale_sum_last"} <= set(names)
 
     any_graph(r, want)
+
+    def split_kv(g):  # flash decoding: partial softmax per KV split, rescaled when combined
+        ks = kernels(g)
+        return (
+            len(ks) == 2
+            and len(ks[0].block_graph.outputs) == 3
+            and ks[1].block_graph.forloop_range > 1
+            and {"accum_max", "accum_rescale_sum"} <= set(block_ops(ks[1]))
+        )
+
+    any_graph(r, split_kv)
     check_all_verified(p, r)
 
 

@@ -70,6 +70,7 @@ class BT:
     transfer: bool = False  # accum_sum without a loop: only an output may be one
     shifted: int | None = None  # the per-iteration shift this tile was computed with
     varies: frozenset = frozenset()  # for a shift: dimensions its max is partial over
+    rescaled: int | None = None  # for an accum_rescale_* result: the final shift it used
 
 
 @dataclass
@@ -148,13 +149,18 @@ class BlockEnumerator:
 
     # ------------------------------------------------------------------ inputs
     def _input(self, t: KTensor) -> BT:
-        tile = []
+        tile, labels = [], []
         for lab in t.labels:
             if lab is None:
                 tile.append(1)
             elif is_stack(lab):
                 _, base, split = lab
-                tile.append((1 if base is None else self.small[base]) * self.rep_grid.get(split, 2))
+                size = 1 if base is None else self.small[base]
+                if split == self.mapping.loop:  # the loop walks the blocks' partial results
+                    tile.append(size)
+                    labels.append(base)
+                    continue
+                tile.append(size * self.rep_grid.get(split, 2))
             else:
                 n = self.small[lab]
                 if lab in self.mapping.grid:
@@ -162,7 +168,11 @@ class BlockEnumerator:
                 if lab == self.mapping.loop:
                     n //= self.rep_loop
                 tile.append(n)
-        return BT(t.term, tuple(tile), tuple(t.labels), False, frozenset(t.partial))
+            labels.append(lab)
+        return BT(
+            t.term, tuple(tile), tuple(labels), False, frozenset(t.partial), t.shift,
+            shifted=t.shifted_by, varies=frozenset(t.varies),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ search
     def run(self, max_ops: int) -> Iterator[Closed]:
@@ -517,8 +527,11 @@ class BlockEnumerator:
         if name.startswith("accum_rescale"):
             if x.shifted != args[1] or not ts[2].post or not ts[2].shift:
                 return "accumulator"
-            x = replace(x, shifted=None)
-            name = "accum_sum" if name == "accum_rescale_sum" else "accum_sum_last"
+            got = self._accumulate(
+                "accum_sum" if name == "accum_rescale_sum" else "accum_sum_last",
+                args[:1], [replace(x, shifted=None)], params,
+            )  # fmt: skip
+            return got if isinstance(got, str) else replace(got, rescaled=args[2])
         elif x.shifted is not None:
             return "needs rescale"
         if name == "accum_sum":
@@ -580,6 +593,13 @@ class BlockEnumerator:
                 return None
             if any(tensors[i].partial != frozenset({goal.split}) for i in dangling):
                 return None
+            # partial sums rescaled to a partial max take that max along (online softmax)
+            for i in list(dangling):
+                m = tensors[i].rescaled
+                if m is not None and m not in dangling:
+                    if tensors[m].varies != frozenset({goal.split}):
+                        return None
+                    dangling.append(m)
         outputs = []
         for i in dangling:
             omap = self._omap(tensors[i])

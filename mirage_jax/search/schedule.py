@@ -83,19 +83,27 @@ def _grid_choices(size: int, max_blocks: int, allow_one: bool) -> list[int]:
 def numbers_for(
     s: Structure, sizes: Mapping[int, int], *, max_blocks: int = 4096, limit: int = 20000
 ) -> Iterator[Numbers]:
-    """Candidate numbers for structure `s` at `sizes` (at most `limit`)."""
-    per_kernel: list[list[tuple[tuple[int, ...], int]]] = []
+    """Candidate numbers for structure `s` at `sizes` (at most `limit`).
+
+    A kernel whose loop walks the partial results of an earlier split-K kernel runs exactly as
+    many iterations as that kernel split its reduction into.
+    """
+    per_kernel: list[list[tuple[tuple[int, ...], int | tuple]]] = []
+    split_axis: dict[int, tuple[int, int]] = {}  # split dim -> (kernel, grid axis)
     for spec in s.kernels:
         if spec.predefined:
             continue
         m = spec.mapping
+        k = len(per_kernel)
         axis_choices = [_grid_choices(sizes[c], max_blocks, c not in m.split) for c in m.grid]
         options = []
         for grid in itertools.product(*axis_choices):
             if math.prod(grid) > max_blocks:
                 continue
-            loops = [1]
-            if m.loop is not None:
+            loops: list[int | tuple] = [1]
+            if m.loop in split_axis:
+                loops = [split_axis[m.loop]]  # coupled: filled in below
+            elif m.loop is not None:
                 walk = sizes[m.loop]
                 for c, g in zip(m.grid, grid):
                     if c == m.loop:
@@ -103,8 +111,13 @@ def numbers_for(
                 loops = [f for f in LOOP_RANGES[1:] if walk % f == 0]
             for f in loops:
                 options.append((tuple(grid), f))
+        for a, c in enumerate(m.grid):
+            if c in m.split:
+                split_axis[c] = (k, a)
         per_kernel.append(options)
     for n, combo in enumerate(itertools.product(*per_kernel)):
         if n >= limit:
             return
-        yield Numbers(tuple(g for g, _ in combo), tuple(f for _, f in combo))
+        grids = tuple(g for g, _ in combo)
+        loops = tuple(grids[f[0]][f[1]] if isinstance(f, tuple) else f for _, f in combo)
+        yield Numbers(grids, loops)

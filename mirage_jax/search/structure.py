@@ -45,6 +45,8 @@ class KTensor:
         labels: per axis, its logical dimension (see `Label`).
         dtype: numpy dtype name.
         partial: dimensions it is still a partial sum over (a split-K kernel's output).
+        shift, varies: a softmax shift (a max), and the dimensions it is a partial max over.
+        shifted_by: for a partial sum rescaled to a partial max, that max's output index.
     """
 
     ref: Ref
@@ -52,6 +54,9 @@ class KTensor:
     labels: tuple
     dtype: str
     partial: frozenset = frozenset()
+    shift: bool = False
+    varies: frozenset = frozenset()
+    shifted_by: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ class MappingClass:
         return tuple(_axis_of(labels, c) for c in self.grid) if self.grid else (None,)
 
     def fmap(self, labels: Sequence[Label]) -> int | None:
-        return None if self.loop is None else _axis_of(labels, self.loop)
+        return None if self.loop is None else _loop_axis_of(labels, self.loop)
 
     def describe(self, name=lambda c: f"d{c}") -> str:
         g = ",".join(name(c) + ("(split)" if c in self.split else "") for c in self.grid) or "1"
@@ -76,6 +81,14 @@ class MappingClass:
 def _axis_of(labels: Sequence[Label], c: int) -> int | None:
     for ax, lab in enumerate(labels):
         if lab == c:
+            return ax
+    return None
+
+
+def _loop_axis_of(labels: Sequence[Label], c: int) -> int | None:
+    """The axis the loop walks: one of dimension c, or the stacked partial results over c."""
+    for ax, lab in enumerate(labels):
+        if lab == c or (is_stack(lab) and lab[2] == c):
             return ax
     return None
 
@@ -214,10 +227,15 @@ def omap_of(mapping: MappingClass, labels: tuple) -> tuple | None:
     return tuple(omap)
 
 
-def output_tensor(t: Any, mapping: MappingClass, ref, omap) -> KTensor:
+def output_tensor(
+    t: Any, mapping: MappingClass, ref, omap, shifted_by: int | None = None
+) -> KTensor:
     """The kernel tensor a closed block output becomes (split outputs are stacked)."""
     labels = list(t.labels)
     for c, ax in zip(mapping.grid, omap):
         if c in mapping.split:
             labels[ax] = ("stack", labels[ax], c)
-    return KTensor(ref, t.term, tuple(labels), "", frozenset(t.partial))
+    return KTensor(
+        ref, t.term, tuple(labels), "", frozenset(t.partial), t.shift, frozenset(t.varies),
+        shifted_by,
+    )  # fmt: skip

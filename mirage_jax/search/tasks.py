@@ -294,24 +294,36 @@ def run_task(
 
 
 def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop):
-    """Combining kernels for the partial sums of a split-K kernel (grid: every output dim)."""
-    partials = tuple(
-        output_tensor(closed.tensors[t], m, ("k", 0, j), omap)
-        for j, (t, omap) in enumerate(closed.outputs)
-    )
-    # the grid: every output dimension that every partial sum has as a plain axis
+    """Combining kernels for the partial results of a split-K kernel.
+
+    Grid: every output dimension that every partial result has as a plain axis. Either no loop
+    (the stacked partial sums are reduced by `accum_sum_todimx`/`accum_sum_last`) or, when a
+    partial max came along (online softmax), a loop over the blocks' partial results that
+    rescales them to the running max (`accum_max`, `accum_rescale_sum`).
+    """
+    index = {t: j for j, (t, _) in enumerate(closed.outputs)}
+    partials = []
+    for j, (t, omap) in enumerate(closed.outputs):
+        bt = closed.tensors[t]
+        by = None if bt.rescaled is None else index.get(bt.rescaled)
+        partials.append(output_tensor(bt, m, ("k", 0, j), omap, by))
+    partials = tuple(partials)
     parallel = [c for c in parallel_dims(problem) if all(c in t.labels for t in partials)]
-    cm = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
-    rep_grid, rep_loop = representative(cm, problem.small)
+    base = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
+    split = next(iter(m.split))
+    loops = [None, split] if any(t.shift for t in partials) else [None]
     goal = Goal(
         targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels
     )
-    en = BlockEnumerator(
-        partials, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab, problem.targets,
-        goal, out.counters, stop,
-    )  # fmt: skip
-    for c in en.run(4):
-        yield KernelSpec(
-            tuple(t.ref for t in partials), cm, c.ops, c.outputs,
-            input_labels=tuple(t.labels for t in partials),
+    for loop in loops:
+        cm = MappingClass(base.grid, loop)
+        rep_grid, rep_loop = representative(cm, problem.small)
+        en = BlockEnumerator(
+            partials, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab,
+            problem.targets, goal, out.counters, stop,
         )  # fmt: skip
+        for c in en.run(4):
+            yield KernelSpec(
+                tuple(t.ref for t in partials), cm, c.ops, c.outputs,
+                input_labels=tuple(t.labels for t in partials),
+            )  # fmt: skip

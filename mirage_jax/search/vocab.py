@@ -93,6 +93,8 @@ def build_vocabulary(
         accs += [("accum_max", ())]
     if combine:
         accs = [("accum_sum", ()), ("accum_sum_last", ()), ("accum_sum_todimx", ())]
+        if shifts:
+            accs.append(("accum_max", ()))
     return Vocabulary(
         unary=tuple(unary),
         binary=binary,
