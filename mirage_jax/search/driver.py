@@ -1,14 +1,16 @@
-"""`search`: budgets, tasks over mapping classes, verification, numbers, statistics, workers.
+"""`search`: budgets, tasks, verification, numbers, kernel cuts, statistics, workers.
 
 The search of one region runs in phases (each timed in the statistics):
 
 1. prepare: check the region is inside the fragment, find its logical dimensions, shrink it
-   (`dims.shrink`), derive the targets' abstract expressions and saturate them (`expr`);
-2. enumerate: one task per kernel plan and mapping class (independent subtrees, run by a
-   process pool), iterative deepening over the number of block ops, depth-major across tasks
-   so small graphs are found first everywhere; closed graphs are verified at once on the small
-   representative (`fields.verify` against the shrunk region, grid 2, loop 2) and memoised
-   by structure;
+   (`dims.shrink`), derive the targets' abstract expressions (`expr`; saturated on first use
+   in each process);
+2. enumerate: one task per schedule class (loop dimension, split-K dimension: independent
+   subtrees, run by a process pool), iterative deepening over the number of block ops,
+   depth-major across tasks so small graphs are found first everywhere; closed graphs are
+   verified at once on the small representative (`fields.verify` against the shrunk region,
+   grid 2, loop 2) and memoised by structure (`tasks.run_task`); if nothing is found, the
+   region is cut at matmul prologues and the pieces are searched (`cuts`);
 3. numbers: every accepted structure is instantiated at full size over its candidate grids
    and loop ranges, checked against the target's limits and ranked by the cost model;
 4. confirm: the best candidates are verified at full size before they are returned.
