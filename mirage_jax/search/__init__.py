@@ -42,9 +42,13 @@ Choices that differ from the original, and why (measurements on this 2-core CPU)
   shrunk region instead of one per numeric instance at full size; the grid axes over output
   dimensions, which cannot change correctness unless reduced over, are added after the
   enumeration (9 enumerations for attention instead of 60: gqa_scaled 197 s → 5 s).
-- Split-K pairs (a kernel of partial sums + a combining kernel, the original's GQA form) and
-  kernel cuts are kernel-level plans; pre-defined kernel ops appear where a cut piece is a
-  single op. The original's unconstrained kernel-level DFS is not reproduced.
+- The kernel level is planned, not enumerated op by op: one graph-defined kernel, a split-K
+  pair (a kernel of partial sums + a combining kernel: the original's GQA form, and flash
+  decoding for the stable softmax), or cuts at matmul prologues into pieces searched the same
+  way. Pre-defined kernel ops (a kernel-level matmul, exp, ...) are not generated; the
+  original's kernel-level DFS over them is what made its searches take hours, and on these
+  benchmarks every µGraph it reports is graph-defined kernels (plus, for GQA, a combining
+  kernel).
 """
 
 from mirage_jax.search.cost import Cost as Cost
