@@ -45,10 +45,11 @@ Choices that differ from the original, and why (measurements on this 2-core CPU)
 - The kernel level is planned, not enumerated op by op: one graph-defined kernel, a split-K
   pair (a kernel of partial sums + a combining kernel: the original's GQA form, and flash
   decoding for the stable softmax), or cuts at matmul prologues into pieces searched the same
-  way. Pre-defined kernel ops (a kernel-level matmul, exp, ...) are not generated; the
-  original's kernel-level DFS over them is what made its searches take hours, and on these
-  benchmarks every µGraph it reports is graph-defined kernels (plus, for GQA, a combining
-  kernel).
+  way. Pre-defined kernel ops (a kernel-level matmul, reduction, div, ...) are not
+  generated: the combining step of a split is a graph-defined kernel (`accum_sum_todimx`
+  and a division, or the rescaling loop), where the original may use kn_reduction + kn_div.
+  A kernel-level DFS over pre-defined ops is future work; it is what makes the original's
+  searches take hours.
 """
 
 from mirage_jax.search.cost import Cost as Cost
