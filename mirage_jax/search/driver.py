@@ -278,7 +278,9 @@ def search(
     seconds["verify_full"] = time.perf_counter() - t0
     stats["confirm_failed"] = failed
     seconds["total"] = time.perf_counter() - t_all
-    stats["generated"] = counters.generated
+    stats["generated"] = counters.generated + stats.get("cuts", {}).get("generated", 0)
+    for k in ("verified", "accepted", "rejected"):  # the pieces' work counts too
+        stats[k] += stats.get("cuts", {}).get(k, 0)
     stats["nodes"] = counters.nodes
     stats["closed"] = counters.closed
     stats["pruned"] = dict(sorted(counters.pruned.items()))
@@ -457,6 +459,8 @@ def _search_cuts(program: Program, budget: Budget, seed: int, target, device, de
                 memo[key] = search(
                     sub, budget=sub_budget, seed=seed, progress=False, target=target, device=device
                 )
+                for k in ("verified", "accepted", "rejected", "generated"):
+                    stats[k] = stats.get(k, 0) + int(memo[key].stats.get(k, 0) or 0)
             r = memo[key]
             if not r:
                 break

@@ -268,6 +268,7 @@ class BlockEnumerator:
                 pre = _UNARY_PREFILTER.get(name)
                 arg = params[0][1] if params else None
                 if pre is not None and not isinstance(arg, tuple) and not ok(pre, ct, arg):
+                    self.c.generated += 1
                     self.c.prune("expression")
                     continue
                 push(name, (top,), params)
