@@ -35,13 +35,15 @@ Choices that differ from the original, and why (measurements on this 2-core CPU)
 - A sum commutes with a factor only if the factor is free of the summed dimension (an egglog
   relation over the e-graph); the original's unconditional rule lets Σ_k X pass as a piece of
   X @ W. Together with placing constant scales only on factors: qknorm's hardest class went
-  from 4,115 enumeration nodes to 659, and qknorm from no result in 600 s to 19 s.
+  from 4,115 enumeration nodes to 659, and the whole qknorm search from 160 s (its one-piece
+  enumeration used up its time share before the cut was tried) to 16 s.
 - Loop and split-K states are tracked per tile ("partial sum over the loop"), so exp, sqrt,
   +eps or a product of partial sums are pruned before verification instead of after.
 - Structure is separated from numbers: one verification per (structure, maximal grid) on the
   shrunk region instead of one per numeric instance at full size; the grid axes over output
   dimensions, which cannot change correctness unless reduced over, are added after the
-  enumeration (9 enumerations for attention instead of 60: gqa_scaled 197 s → 5 s).
+  enumeration (9 enumerations for attention instead of 60: gqa_scaled 197 s → 16 s; the
+  e-graph partner pre-filters then took it to 5 s).
 - The kernel level is planned, not enumerated op by op: one graph-defined kernel, a split-K
   pair (a kernel of partial sums + a combining kernel: the original's GQA form, and flash
   decoding for the stable softmax), or cuts at matmul prologues into pieces searched the same
