@@ -40,38 +40,9 @@ PEER = ROOT.parent / "shared" / "peer" / "mirage_mugraphs"
 RESULTS = ROOT / "experiments" / "results"
 TOL = 1e-2
 BACKENDS = ("pallas", "triton")
-WORKLOADS = (  # file-name prefix -> workload (longest first)
-    ("qknorm_gqa", "qknorm"),
-    ("norm_transformer", "ntrans"),
-    ("ntrans", "ntrans"),
-    ("gated_mlp", "gated_mlp"),
-    ("rmsnorm", "rmsnorm"),
-    ("lora", "lora"),
-    ("gqa", "gqa"),
-)
-DIMS = {  # workload -> named dims from the µGraph's input shapes
-    "gqa": lambda s: {"heads": s[0][0], "q_len": s[0][1], "head_dim": s[0][2], "kv_len": s[1][2]},
-    "qknorm": lambda s: {
-        "heads": s[0][0],
-        "q_len": s[0][1],
-        "head_dim": s[0][2],
-        "kv_len": s[1][2],
-    },
-    "rmsnorm": lambda s: {"rows": s[0][0], "hidden": s[0][1], "out": s[1][1]},
-    "lora": lambda s: {"rows": s[0][0], "hidden": s[0][1], "out": s[1][1], "rank": s[2][1]},
-    "gated_mlp": lambda s: {"rows": s[0][0], "hidden": s[0][1], "ffn": s[1][1]},
-    "ntrans": lambda s: {"rows": s[0][0], "hidden": s[0][1]},
-}
-
-
-def file_workload(stem: str) -> tuple[str, int]:
-    """(workload, batch) of a checkpoint file stem such as qknorm_gqa_bs8 or lora_bs1_old."""
-    for prefix, workload in WORKLOADS:
-        if stem.startswith(prefix):
-            rest = stem[len(prefix) :]
-            batch = int(rest.split("_bs")[1].split("_")[0]) if "_bs" in rest else 1
-            return workload, batch
-    raise KeyError(f"no workload for checkpoint {stem!r}")
+# The checkpoint-file -> benchmark mapping is the importer's; one definition serves both.
+from experiments.import_mirage import DIMS  # noqa: E402
+from experiments.import_mirage import workload_of as file_workload  # noqa: E402
 
 
 def benchmark_for(stem: str, g: Any) -> Any:
