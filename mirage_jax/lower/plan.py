@@ -41,6 +41,24 @@ def next_pow2(n: int) -> int:
 
 
 @dataclass(frozen=True)
+class KernelConfig:
+    """The tuning knobs both backends share, validated once (see PallasConfig/TritonConfig)."""
+
+    num_warps: int = 4
+    num_stages: int = 3
+    loop_unroll: int = 1
+    min_dot: int = MIN_DOT
+
+    def __post_init__(self):
+        if self.min_dot < MIN_DOT or self.min_dot != next_pow2(self.min_dot):
+            raise ValueError(f"min_dot must be a power of two >= {MIN_DOT}, got {self.min_dot}")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"num_warps must be a power of two <= 32, got {self.num_warps}")
+        if self.num_stages < 1 or self.loop_unroll < 1:
+            raise ValueError("num_stages and loop_unroll must be >= 1")
+
+
+@dataclass(frozen=True)
 class Dim:
     """One dim of a kernel argument or output as one block sees it.
 

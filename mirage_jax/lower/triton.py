@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from mirage_jax.lower import registry
-from mirage_jax.lower.plan import MIN_DOT, KernelPlan, next_pow2
+from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
 from mirage_jax.mugraph.ops import OPS
 
@@ -33,7 +33,7 @@ TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.
 
 
 @dataclass(frozen=True)
-class TritonConfig:
+class TritonConfig(KernelConfig):
     """Knobs of the generated Triton kernels.
 
     Arguments:
@@ -42,19 +42,6 @@ class TritonConfig:
         loop_unroll: `tl.range(..., loop_unroll_factor=)` of the for-loop (1: none).
         min_dot: smallest M/N/K handed to tl.dot (a power of two >= 16).
     """
-
-    num_warps: int = 4
-    num_stages: int = 3
-    loop_unroll: int = 1
-    min_dot: int = MIN_DOT
-
-    def __post_init__(self):
-        if self.min_dot < MIN_DOT or self.min_dot != next_pow2(self.min_dot):
-            raise ValueError(f"min_dot must be a power of two >= {MIN_DOT}, got {self.min_dot}")
-        if self.num_warps not in (1, 2, 4, 8, 16, 32):
-            raise ValueError(f"num_warps must be a power of two <= 32, got {self.num_warps}")
-        if self.num_stages < 1 or self.loop_unroll < 1:
-            raise ValueError("num_stages and loop_unroll must be >= 1")
 
 
 def default_config() -> TritonConfig:
