@@ -9,11 +9,20 @@ call to custom-call kernels but fuse into XLA's own, a bias of a few µs). Input
 that the chain's working set exceeds the L2 cache, so small problems are not timed hot in L2.
 Warm-up first; each repeat times both programs back to back; the result is the median and
 spread over repeats. On a CPU it runs the same way for tests, labelled as not device time.
+
+The second method of BENCHMARKS.md, `time_trace`, runs the operation `calls` times under
+`jax.profiler.trace` and sums, per call, the durations of the kernels the GPU ran (the XSpace's
+"/device:GPU:N" plane, its stream lines). It counts no launch gap, so it reads lower than the
+chained method wherever kernels are shorter than the host needs to launch them; the difference
+of the two is that launch-bound share (experiments/timing_check.py measures both).
 """
 
 from __future__ import annotations
 
+import glob
 import math
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -92,6 +101,22 @@ def chained(fn: Callable[..., Any], calls: int) -> Callable[..., Any]:
     return jax.jit(run)
 
 
+def _input_sets(
+    inputs: Sequence[Any] | Callable[[int], Sequence[Any]],
+    calls: int,
+    max_sets: int | None,
+    rotate_bytes: int,
+) -> list[tuple[Any, ...]]:
+    """Device-resident input sets: enough to exceed `rotate_bytes`, at most `calls`."""
+    if not callable(inputs):
+        return [tuple(jax.device_put(x) for x in inputs)]
+    first = [jax.device_put(x) for x in inputs(0)]
+    per_set = max(1, _nbytes(first))
+    want = min(max_sets or calls, calls, max(1, math.ceil(rotate_bytes / per_set)))
+    sets = [first] + [[jax.device_put(x) for x in inputs(s)] for s in range(1, want)]
+    return [tuple(s) for s in sets]
+
+
 def _device_kind() -> tuple[str, bool]:
     d = jax.devices()[0]
     return getattr(d, "device_kind", d.platform), d.platform == "gpu"
@@ -120,14 +145,7 @@ def time_device(
     """
     if chain < 1 or repeats < 1:
         raise ValueError("chain and repeats must be >= 1")
-    if callable(inputs):
-        first = [jax.device_put(x) for x in inputs(0)]
-        per_set = max(1, _nbytes(first))
-        want = min(max_sets or chain + 1, chain + 1, max(1, math.ceil(rotate_bytes / per_set)))
-        sets = [first] + [[jax.device_put(x) for x in inputs(s)] for s in range(1, want)]
-    else:
-        sets = [[jax.device_put(x) for x in inputs]]
-    sets = [tuple(s) for s in sets]
+    sets = _input_sets(inputs, chain + 1, max_sets, rotate_bytes)
     long_prog = chained(fn, chain + 1)
     short_prog = chained(fn, 1)
     short_sets = sets[:1]
@@ -173,3 +191,145 @@ def copy_bandwidth(nbytes: int = 1 << 30, **kwargs: Any) -> tuple[float, Timing]
     n = nbytes // 2 // 4
     timing = time_device(lambda x: x + 1.0, [np.ones(n, np.float32)], **kwargs)
     return 2 * n * 4 / (timing.median_us * 1e-6), timing
+
+
+# ---------------------------------------------------------------------------- profiler trace
+@dataclass(frozen=True)
+class KernelEvent:
+    """One kernel (or memcpy/memset) the GPU ran, from a profiler trace; times in ns."""
+
+    name: str
+    start_ns: float
+    duration_ns: float
+    stream: str
+
+
+def gpu_events(xspace: Any) -> list[KernelEvent]:
+    """The events on the GPU planes' stream lines of a `jax.profiler.ProfileData`, by start.
+
+    Derived lines ("XLA Modules", "XLA Ops", "Steps", ...) repeat the kernels' time and are
+    skipped: only lines named "Stream ..." are read.
+    """
+    out = []
+    for plane in xspace.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):
+                continue
+            for e in line.events:
+                out.append(KernelEvent(e.name, e.start_ns, e.duration_ns, line.name))
+    return sorted(out, key=lambda e: e.start_ns)
+
+
+def trace_events(run: Callable[[], Any], log_dir: str | None = None) -> list[KernelEvent]:
+    """Run `run()` (it should block until its work is done) under the profiler; its GPU events.
+
+    Raises RuntimeError when the trace has no GPU plane (no GPU, or CUPTI missing).
+    """
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as tmp:
+        where = log_dir or tmp
+        with jax.profiler.trace(where):
+            run()
+        files = sorted(glob.glob(os.path.join(where, "**", "*.xplane.pb"), recursive=True))
+        if not files:
+            raise RuntimeError(f"jax.profiler.trace wrote no .xplane.pb under {where}")
+        data = ProfileData.from_file(max(files, key=os.path.getmtime))
+        if not any(p.name.startswith("/device:GPU") for p in data.planes):
+            raise RuntimeError(
+                "the profiler trace has no GPU plane: time_trace needs a CUDA GPU and CUPTI"
+            )
+        return gpu_events(data)
+
+
+@dataclass(frozen=True)
+class TraceTiming(Timing):
+    """A `Timing` by the profiler-trace method, with the per-kernel breakdown.
+
+    Arguments:
+        kernels: (kernel name, mean µs per call, launches per call), longest first.
+        span_us: median per call of last kernel end − first kernel start (one call alone).
+    """
+
+    kernels: tuple[tuple[str, float, float], ...] = ()
+    span_us: float = 0.0
+
+
+def per_call(events: Sequence[KernelEvent], calls: int) -> tuple[list[float], list[float]]:
+    """Split a trace of `calls` identical calls into calls: (kernel µs, span µs) per call.
+
+    Each call runs the same kernels, so the events (by start) fall into `calls` groups of
+    equal size; a trace that does not divide evenly is reported as one group.
+    """
+    if not events:
+        return [0.0] * calls, [0.0] * calls
+    if len(events) % calls:
+        total = sum(e.duration_ns for e in events) / calls / 1e3
+        return [total], [(events[-1].start_ns + events[-1].duration_ns - events[0].start_ns) / 1e3]
+    k = len(events) // calls
+    sums, spans = [], []
+    for i in range(calls):
+        g = events[i * k : (i + 1) * k]
+        sums.append(sum(e.duration_ns for e in g) / 1e3)
+        spans.append((max(e.start_ns + e.duration_ns for e in g) - g[0].start_ns) / 1e3)
+    return sums, spans
+
+
+def time_trace(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any] | Callable[[int], Sequence[Any]],
+    *,
+    calls: int = 50,
+    warmup: int = 3,
+    max_sets: int | None = None,
+    rotate_bytes: int = 2 * L2_BYTES,
+) -> TraceTiming:
+    """Per-call device time of `fn` by the profiler-trace method (GPU only).
+
+    Each of `calls` calls is dispatched and completed alone (rotating input sets, as in
+    `time_device`), under one `jax.profiler.trace`; per call, the durations of the kernels the
+    GPU ran are summed. The result is the median and spread over calls, and every kernel's
+    mean time per call.
+    """
+    if calls < 1:
+        raise ValueError("calls must be >= 1")
+    sets = _input_sets(inputs, calls, max_sets, rotate_bytes)
+    jfn = fn if hasattr(fn, "lower") else jax.jit(fn)
+    for i in range(warmup):
+        jax.block_until_ready(jfn(*sets[i % len(sets)]))
+
+    def run() -> None:
+        for i in range(calls):
+            jax.block_until_ready(jfn(*sets[i % len(sets)]))
+
+    events = trace_events(run)
+    sums, spans = per_call(events, calls)
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e.duration_ns / 1e3)
+    kernels = sorted(
+        ((n, sum(v) / calls, len(v) / calls) for n, v in by_name.items()), key=lambda k: -k[1]
+    )
+    arr = np.asarray(sums)
+    device, _ = _device_kind()
+    return TraceTiming(
+        median_us=float(np.median(arr)),
+        p10_us=float(np.percentile(arr, 10)),
+        p90_us=float(np.percentile(arr, 90)),
+        n=len(sums),
+        chain=1,
+        input_sets=len(sets),
+        device=device,
+        device_time=True,
+        method=(
+            f"profiler trace: {calls} calls, each dispatched and completed alone ({len(sets)} "
+            f"rotating input sets), under jax.profiler.trace; per call = sum of the durations "
+            f"of the kernels on the GPU's stream lines (no launch gaps); {warmup} warm-up "
+            f"calls; median and p10/p90 over calls"
+        ),
+        samples_us=tuple(float(s) for s in sums),
+        kernels=tuple((n, float(us), float(c)) for n, us, c in kernels),
+        span_us=float(np.median(spans)),
+    )

@@ -63,3 +63,51 @@ def test_bad_arguments():
 def test_device_time_on_gpu():
     t = profile.time_device(jax.jit(_op), _inputs, chain=16, repeats=5)
     assert t.device_time and t.median_us > 0
+
+
+_XSPACE = """
+planes {
+  name: "/device:GPU:0"
+  lines { id: 1 name: "Stream #13(compute)" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 5000000 }
+    events { metadata_id: 2 offset_ps: 6000000 duration_ps: 2000000 }
+    events { metadata_id: 1 offset_ps: 50000000 duration_ps: 4000000 }
+    events { metadata_id: 2 offset_ps: 55000000 duration_ps: 3000000 }
+  }
+  lines { id: 2 name: "XLA Modules" timestamp_ns: 1000
+    events { metadata_id: 3 offset_ps: 0 duration_ps: 9000000 }
+  }
+  event_metadata { key: 1 value { id: 1 name: "fusion_1" } }
+  event_metadata { key: 2 value { id: 2 name: "mugraph_kernel" } }
+  event_metadata { key: 3 value { id: 3 name: "jit_f" } }
+}
+planes { name: "/host:CPU" lines { id: 1 name: "python" timestamp_ns: 0
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 99000000 } }
+  event_metadata { key: 1 value { id: 1 name: "PjitFunction(f)" } } }
+"""
+
+
+def test_trace_parsing_reads_stream_lines_only_and_splits_calls():
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_serialized_xspace(ProfileData.text_proto_to_serialized_xspace(_XSPACE))
+    events = profile.gpu_events(data)
+    assert [e.name for e in events] == ["fusion_1", "mugraph_kernel"] * 2  # not "XLA Modules"
+    sums, spans = profile.per_call(events, 2)
+    assert sums == pytest.approx([7.0, 7.0]) and spans == pytest.approx([8.0, 8.0])
+    sums, _ = profile.per_call(events[:3], 2)  # uneven: one group, total / calls
+    assert sums == pytest.approx([5.5])
+
+
+def test_time_trace_needs_a_gpu():
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="GPU"):
+        profile.time_trace(_op, _inputs(0), calls=2, warmup=1)
+
+
+@pytest.mark.gpu
+def test_trace_time_on_gpu():
+    t = profile.time_trace(jax.jit(_op), _inputs, calls=10)
+    assert t.device_time and t.median_us > 0 and t.kernels
+    assert t.median_us <= t.span_us + 1e-6
