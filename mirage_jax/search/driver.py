@@ -38,6 +38,7 @@ from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import cuts as cut_mod
+from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Structure, instantiate
@@ -63,6 +64,10 @@ class Budget:
         split: try split-K (a reduction split across the grid, then a combining kernel).
         cuts: when nothing is found in one piece, cut the region at matmul prologues and search
             the pieces (`cuts.py`); cut_share: the part of `time_s` kept for that.
+        max_predefined: pre-defined kernel ops (GEMMs and their epilogues, left to XLA) before
+            the graph-defined kernel(s) (`predefined.py`; 0: none); predefined_block_ops: block
+            ops per graph-defined kernel after them; predefined_share: the part of `time_s`
+            for that phase (after the one-piece enumeration, before cuts).
     """
 
     time_s: float = 300.0
@@ -78,6 +83,9 @@ class Budget:
     split: bool = True
     cuts: bool = True
     cut_share: float = 0.5
+    max_predefined: int = 2
+    predefined_block_ops: int = 6
+    predefined_share: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -164,19 +172,9 @@ def search(
     cut_deadline = time.monotonic() + budget.time_s
     share = budget.cut_share if budget.cuts and budget.max_kernels >= 2 else 0.0
     deadline = time.monotonic() + budget.time_s * (1.0 - share)
-    counters = Counters()
-    stats: dict[str, Any] = {
-        "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0, "inherited": 0,
-        "tasks": len(tasks), "schedule_classes": [t.mapping.describe() for t in tasks],
-    }  # fmt: skip
-    accepted: list[tuple[int, int, Structure, str]] = []  # (depth, task, structure, key)
-    known: dict[int, dict] = {t.index: {} for t in tasks}
-    found_at: dict[int, int] = {}
-    stop_reason = "exhausted"
-    examined_total = 0
-    enum_s = verify_s = 0.0
-    saturation: dict = {}
-    bar = _progress_bar(progress, len(tasks) * max(1, budget.max_block_ops - 1))
+    run = _Run(budget)
+    run.stats.update(tasks=len(tasks), schedule_classes=[t.mapping.describe() for t in tasks])
+    run.bar = _progress_bar(progress, len(tasks) * max(1, budget.max_block_ops - 1))
     pool = None
     if workers > 1:
         pool = ProcessPoolExecutor(
@@ -187,67 +185,54 @@ def search(
         )
     else:
         init_worker(problem)
+    pre_stats: dict[str, Any] = {}
     try:
-        best_depth: int | None = None
-        for depth in range(2, budget.max_block_ops + 1):
-            if best_depth is not None and depth > best_depth + budget.extra_depth:
-                break
-            alive = [
-                t for t in tasks
-                if t.index not in found_at or depth <= found_at[t.index] + budget.extra_depth
-            ]  # fmt: skip
-            left = budget.max_candidates - examined_total
-            args = [(t, depth, deadline, left, known[t.index]) for t in alive]
-            if pool is not None:
-                outcomes = list(pool.map(run_task, *zip(*args))) if args else []
-            else:
-                outcomes = []
-                for a in args:
-                    outcomes.append(run_task(*a))
-                    if outcomes[-1].stopped:
-                        break
-            for o in sorted(outcomes, key=lambda o: o.index):
-                _merge(counters, o.counters)
-                for k in ("verified", "rejected", "invalid", "duplicates", "inherited"):
-                    stats[k] += getattr(o, k)
-                examined_total += o.verified + o.invalid
-                enum_s += o.enumerate_s
-                verify_s += o.verify_s
-                saturation = o.saturation or saturation
-                known[o.index].update(o.verdicts)
-                for s, key in o.accepted:
-                    accepted.append((depth, o.index, s, key))
-                    found_at.setdefault(o.index, depth)
-                    total = sum(len(k.ops) for k in s.kernels)  # a split-K pair counts both
-                    best_depth = total if best_depth is None else min(best_depth, total)
-                if o.stopped and stop_reason == "exhausted":
-                    stop_reason = o.stopped
-            if bar is not None:
-                bar.update(len(alive))
-                bar.set_postfix(
-                    depth=depth, generated=counters.generated, pruned=sum(counters.pruned.values()),
-                    verified=stats["verified"], accepted=len(accepted),
-                )  # fmt: skip
-            if stop_reason != "exhausted":
-                break
-            if examined_total >= budget.max_candidates:
-                stop_reason = "candidates"
-                break
-            stats["depth"] = depth
+        run.deepen(tasks, budget.max_block_ops, deadline, pool)
+        n_main = len(run.accepted)
+        # pre-defined kernels (GEMMs left to XLA), then graph-defined kernel(s) for the rest
+        if budget.max_predefined > 0 and budget.max_kernels >= 2:
+            t0 = time.perf_counter()
+            pre_deadline = min(
+                cut_deadline, time.monotonic() + budget.time_s * budget.predefined_share
+            )
+            kc = pre_mod.KernelCounters()
+            limit = min(budget.max_predefined, budget.max_kernels - 1)
+            prefixes = pre_mod.KernelEnumerator(problem, limit, kc).run()
+            pre_tasks: list = []
+            for g, prefix in enumerate(prefixes, start=1):
+                pre_tasks += tasks_of(problem, budget, prefix, len(tasks) + len(pre_tasks), g)
+            for t in pre_tasks:
+                run.known.setdefault(t.index, {})
+            seconds["predefined_prefixes"] = time.perf_counter() - t0
+            if pre_tasks and run.stop_reason == "exhausted":
+                run.deepen(pre_tasks, budget.predefined_block_ops, pre_deadline, pool)
+            pre_stats = {
+                "generated": kc.generated, "kept": kc.kept, "pruned": dict(sorted(kc.pruned.items())),
+                "prefixes": [p.description + " → [" + ",".join(
+                    f"x{t.ref[1]}" if t.ref[0] == "in" else f"k{t.ref[1]}" for t in p.rest
+                ) + "]" for p in prefixes],
+                "tasks": len(pre_tasks), "accepted": len(run.accepted) - n_main,
+            }  # fmt: skip
+            seconds["predefined"] = time.perf_counter() - t0
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-        if bar is not None:
-            bar.close()
-    seconds["enumerate"] = enum_s
-    seconds["verify_small"] = verify_s
+        if run.bar is not None:
+            run.bar.close()
+    stats, counters, accepted = run.stats, run.counters, run.accepted
+    stop_reason = run.stop_reason
+    seconds["enumerate"] = run.enum_s
+    seconds["verify_small"] = run.verify_s
     stats["accepted"] = len(accepted)
+    stats["predefined"] = pre_stats
+    saturation = run.saturation
 
     # numbers: instantiate every accepted structure at full size, rank by the cost model
     t0 = time.perf_counter()
     instances: list[tuple[float, int, MuGraph, str]] = []
     descriptions = []
     name = lambda c: f"d{c}({problem.sizes[c]})"  # noqa: E731
+    one_piece = 0  # instances without pre-defined kernels
     for rank, (depth, task_index, s, key) in enumerate(accepted):
         desc = s.describe(name)
         descriptions.append(desc)
@@ -258,10 +243,11 @@ def search(
                 name=program.meta.get("name", "region"),
             )  # fmt: skip
             instances.append((c.seconds, rank, MuGraph(g.ops, g.outputs, meta), key))
+            one_piece += not any(k.predefined for k in s.kernels)
     seconds["numbers"] = time.perf_counter() - t0
 
-    # kernel cuts: when no one- or two-kernel µGraph was found, search the pieces
-    if not instances and budget.cuts and budget.max_kernels >= 2:
+    # kernel cuts: when no µGraph of graph-defined kernels only was found, search the pieces
+    if not one_piece and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
         found, cut_stats = _search_cuts(program, budget, seed, target, device, cut_deadline)
         for c, g, desc in found:
@@ -298,6 +284,82 @@ def search(
         tuple(kept), stop_reason, stats, tuple(dict.fromkeys(descriptions)), message,
         program.canonical_hash,
     )  # fmt: skip
+
+
+class _Run:
+    """The enumeration's state across phases: counters, statistics, accepted structures."""
+
+    def __init__(self, budget: Budget):
+        self.budget = budget
+        self.counters = Counters()
+        self.stats: dict[str, Any] = {
+            "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0,
+            "inherited": 0,
+        }  # fmt: skip
+        self.accepted: list[tuple[int, int, Structure, str]] = []  # (depth, task, structure, key)
+        self.known: dict[int, dict] = {}
+        self.stop_reason = "exhausted"
+        self.examined = 0
+        self.enum_s = self.verify_s = 0.0
+        self.saturation: dict = {}
+        self.bar = None
+
+    def deepen(self, tasks, max_depth: int, deadline: float, pool) -> None:
+        """Iterative deepening over `tasks`, depth-major; the depth policy is per task group."""
+        budget = self.budget
+        found_at: dict[int, int] = {}
+        best: dict[int, int] = {}  # group -> smallest kernel depth found
+        for t in tasks:
+            self.known.setdefault(t.index, {})
+        for depth in range(2, max_depth + 1):
+            alive = [
+                t for t in tasks
+                if (t.group not in best or depth <= best[t.group] + budget.extra_depth)
+                and (t.index not in found_at or depth <= found_at[t.index] + budget.extra_depth)
+            ]  # fmt: skip
+            if not alive:
+                break
+            left = budget.max_candidates - self.examined
+            args = [(t, depth, deadline, left, self.known[t.index]) for t in alive]
+            if pool is not None:
+                outcomes = list(pool.map(run_task, *zip(*args)))
+            else:
+                outcomes = []
+                for a in args:
+                    outcomes.append(run_task(*a))
+                    if outcomes[-1].stopped:
+                        break
+            group = {t.index: t.group for t in alive}
+            for o in sorted(outcomes, key=lambda o: o.index):
+                _merge(self.counters, o.counters)
+                for k in ("verified", "rejected", "invalid", "duplicates", "inherited"):
+                    self.stats[k] += getattr(o, k)
+                self.examined += o.verified + o.invalid
+                self.enum_s += o.enumerate_s
+                self.verify_s += o.verify_s
+                self.saturation = o.saturation or self.saturation
+                self.known[o.index].update(o.verdicts)
+                for s, key in o.accepted:
+                    self.accepted.append((depth, o.index, s, key))
+                    found_at.setdefault(o.index, depth)
+                    total = sum(len(k.ops) for k in s.kernels)  # a split-K pair counts both
+                    g = group[o.index]
+                    best[g] = min(best.get(g, total), total)
+                if o.stopped and self.stop_reason == "exhausted":
+                    self.stop_reason = o.stopped
+            if self.bar is not None:
+                self.bar.update(len(alive))
+                self.bar.set_postfix(
+                    depth=depth, generated=self.counters.generated,
+                    pruned=sum(self.counters.pruned.values()), verified=self.stats["verified"],
+                    accepted=len(self.accepted),
+                )  # fmt: skip
+            if self.stop_reason != "exhausted":
+                break
+            if self.examined >= budget.max_candidates:
+                self.stop_reason = "candidates"
+                break
+            self.stats["depth"] = max(self.stats.get("depth", 0), depth)
 
 
 def _merge(into: Counters, c: Counters) -> None:
@@ -347,7 +409,8 @@ def _loop_tile_class(g: MuGraph) -> tuple[int, ...]:
 
 def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph], int]:
     """Pick `budget.results` instances (the best of every structure first, then the next
-    cheapest), verify the `budget.confirm` cheapest at full size, return them by cost."""
+    cheapest), order them as returned (`_order`), verify the first `budget.confirm` of that
+    order at full size (a failure drops its structure and the next moves up), return them."""
     import fields
 
     firsts: dict[str, int] = {}
@@ -356,31 +419,36 @@ def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph]
     primary = sorted(firsts.values())
     taken = set(primary)
     pool = primary + [i for i in range(len(instances)) if i not in taken]
-    kept: list[MuGraph] = []
+    chosen = pool[: budget.results]
+    pool = pool[budget.results :]
+    checked: dict[int, dict] = {}  # index -> the full verification's record
     failed = 0
     bad_keys: set[str] = set()
-    confirmed = 0
-    while pool and len(kept) < budget.results:
-        chosen = sorted(pool[: budget.results - len(kept)])
-        pool = pool[len(chosen) :]
-        for i in chosen:
-            _, _, g, key = instances[i]
-            if key in bad_keys:
-                continue
-            meta = dict(g.meta)
-            if meta.get("verified") != "full" and confirmed < budget.confirm:
-                v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
-                if not v:
-                    failed += 1
-                    bad_keys.add(key)
-                    continue
-                confirmed += 1
-                meta.update(verified="full", bound=v.bound, trials=v.trials)
-            elif meta.get("verified") != "full":
-                meta.update(verified="representative")
-            kept.append((i, MuGraph(g.ops, g.outputs, meta)))
-    kept.sort(key=lambda x: x[0])
-    return _diversify([g for _, g in kept]), failed
+    while True:
+        order = _order([(i, instances[i][2]) for i in sorted(chosen)])
+        todo = next((i for i in order[: budget.confirm] if i not in checked), None)
+        if todo is None:
+            break
+        g, key = instances[todo][2], instances[todo][3]
+        v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
+        if v:
+            checked[todo] = dict(verified="full", bound=v.bound, trials=v.trials)
+            continue
+        failed += 1
+        bad_keys.add(key)
+        chosen = [i for i in chosen if instances[i][3] not in bad_keys]
+        while pool and len(chosen) < budget.results:
+            i = pool.pop(0)
+            if instances[i][3] not in bad_keys:
+                chosen.append(i)
+    kept = []
+    for i in order:
+        g = instances[i][2]
+        meta = dict(g.meta)
+        if meta.get("verified") != "full":
+            meta.update(checked.get(i, dict(verified="representative")))
+        kept.append(MuGraph(g.ops, g.outputs, meta))
+    return kept, failed
 
 
 def _signature(g: MuGraph) -> tuple:
@@ -398,17 +466,40 @@ def _signature(g: MuGraph) -> tuple:
     )
 
 
-def _diversify(graphs: list[MuGraph]) -> list[MuGraph]:
-    """Cost order, except that a µGraph whose kernels a lowering would see as the same as an
-    earlier one's (same grids, loop ranges, ops) waits until every distinct one is listed:
-    the first few, which `select` times, then differ."""
+def _plan(g: MuGraph) -> tuple[str, ...]:
+    """The kernel-level plan of a µGraph: its pre-defined kernel ops (none: all fused)."""
+    return tuple(op.op for op in g.ops if op.op != "input" and op.block_graph is None)
+
+
+PLANS = 2  # other kernel-level plans promoted behind the best µGraph
+
+
+def _order(graphs: list[tuple[int, MuGraph]]) -> list[int]:
+    """The return order of cost-ordered (index, µGraph) pairs, as indices.
+
+    Cost order, except that (1) behind the best come the best µGraphs of up to `PLANS` other
+    kernel-level plans (`_plan`: e.g. a pre-defined GEMM then a fused epilogue, against one
+    fused kernel), whose relative cost the model knows least; (2) a µGraph whose kernels a
+    lowering would see as the same as an earlier one's (same grids, loop ranges, ops) waits
+    until every distinct one is listed. The first few, which `select` times, then differ.
+    """
     seen: set[tuple] = set()
     first, later = [], []
-    for g in graphs:
+    for i, g in graphs:
         sig = _signature(g)
-        (later if sig in seen else first).append(g)
+        (later if sig in seen else first).append((i, g))
         seen.add(sig)
-    return first + later
+    ordered = first + later
+    head = ordered[:1]
+    plans = {_plan(g) for _, g in head}
+    for i, g in ordered[1:]:
+        if len(head) > PLANS:
+            break
+        if _plan(g) not in plans:
+            head.append((i, g))
+            plans.add(_plan(g))
+    promoted = {i for i, _ in head}
+    return [i for i, _ in head] + [i for i, _ in ordered if i not in promoted]
 
 
 def _message(kept, stop_reason: str, descriptions) -> str:

@@ -68,6 +68,7 @@ class BT:
     partial: frozenset = frozenset()
     shift: bool = False  # a softmax shift value (a max)
     transfer: bool = False  # accum_sum without a loop: only an output may be one
+    epilogue: bool = False  # an epilogue input, or its transfer: may meet accumulated tensors
     shifted: int | None = None  # the per-iteration shift this tile was computed with
     varies: frozenset = frozenset()  # for a shift: dimensions its max is partial over
     rescaled: int | None = None  # for an accum_rescale_* result: the final shift it used
@@ -118,6 +119,9 @@ class BlockEnumerator:
         goal: what closes a graph.
         counters: statistics to update.
         should_stop: polled between nodes (budgets).
+        epilogue: positions of inputs read after the loop (pre-defined kernels' outputs): their
+            `accum_sum` without a loop may meet accumulated tensors in a binary op (a GEMM's
+            rows divided by a norm the kernel accumulates).
     """
 
     def __init__(
@@ -132,6 +136,7 @@ class BlockEnumerator:
         goal: Goal,
         counters: Counters,
         should_stop: Callable[[], bool] = lambda: False,
+        epilogue: frozenset = frozenset(),
     ):
         self.mapping = mapping
         self.small = small
@@ -144,7 +149,10 @@ class BlockEnumerator:
         self.should_stop = should_stop
         self.loop = mapping.loop
         self.pclasses = frozenset(mapping.split) | ({mapping.loop} - {None})
-        self.inputs = [self._input(t) for t in inputs]
+        self.inputs = [
+            replace(self._input(t), epilogue=True) if i in epilogue else self._input(t)
+            for i, t in enumerate(inputs)
+        ]
         self.n_out = len(goal.targets) if goal.split is None else None
 
     # ------------------------------------------------------------------ inputs
@@ -336,6 +344,15 @@ class BlockEnumerator:
                 self._concat_candidates(top, push)
             if v.shifts:
                 self._rescale_candidates(tensors, top, push)
+        if any(x.epilogue for x in tensors):
+            for other in range(top + 1):
+                o = tensors[other]
+                if not _epilogue_pair("mul", (t, o)):
+                    continue
+                for name in v.binary:
+                    push(name, (top, other))
+                    if name not in COMMUTATIVE:
+                        push(name, (other, top))
         out.sort(key=lambda c: c[0])
         return out
 
@@ -373,7 +390,7 @@ class BlockEnumerator:
             return self._accumulate(name, args, ts, dict(params))
         if any(t.post != ts[0].post for t in ts):
             return "loop/post mix"
-        if any(t.transfer for t in ts):
+        if any(t.transfer for t in ts) and not _epilogue_pair(name, ts):
             return "canonical"
         if name not in ("sub",) and any(t.shift for t in ts):
             return "shift misuse"
@@ -540,7 +557,7 @@ class BlockEnumerator:
                 if L not in x.partial or L in x.labels:
                     return "accumulator"
                 return BT(x.term, x.tile, x.labels, True, x.partial - {L})
-            return BT(x.term, x.tile, x.labels, True, x.partial, transfer=True)
+            return BT(x.term, x.tile, x.labels, True, x.partial, transfer=True, epilogue=x.epilogue)
         lab = x.labels[-1]
         tile = (*x.tile[:-1], 1)
         labels = (*x.labels[:-1], None)
@@ -632,6 +649,16 @@ class BlockEnumerator:
 
     def _omap(self, t: BT) -> tuple | None:
         return omap_of(self.mapping, t.labels)
+
+
+def _epilogue_pair(name: str, ts) -> bool:
+    """A binary elementwise op of an epilogue input's transfer and an accumulated tensor."""
+    if len(ts) != 2 or OPS[name].kind != "elementwise":
+        return False
+    a, b = ts
+    if b.transfer and b.epilogue:
+        a, b = b, a
+    return a.transfer and a.epilogue and b.post and not b.transfer and not b.shift
 
 
 _COMPAT: dict[tuple, tuple[bool, bool, bool]] = {}

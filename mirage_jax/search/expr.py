@@ -600,6 +600,42 @@ class Targets:
         c = self._class_of(t)
         return c is not None and c == self._roots[index]
 
+    def covers(self, leaves: dict[str, Any], index: int, max_sets: int = 8) -> list[frozenset]:
+        """The minimal sets of leaves some term equal to target `index` can be built from.
+
+        `leaves` maps e-classes (`class_of`) to tokens: the region inputs' variables and the
+        tensors a kernel may read (pre-defined kernels' outputs). Constants cost nothing; a
+        variable that is not a leaf cannot be used. A fixpoint over the saturated e-graph,
+        keeping per e-class an antichain of at most `max_sets` sets (smallest first); used to
+        pick the inputs of the graph-defined kernel after pre-defined ones.
+        """
+        if self._egraph is None:
+            self._build()
+        prims = set(self._prim.values())
+        opts: dict[str, list[frozenset]] = {c: [frozenset({t})] for c, t in leaves.items()}
+        changed = True
+        while changed:
+            changed = False
+            for (op, children), c in self._table.items():
+                if op == "T":
+                    continue  # a variable: usable only as a leaf
+                sets = [frozenset()]
+                for ch in children:
+                    if ch in prims:
+                        continue
+                    got = opts.get(ch)
+                    if not got:
+                        sets = []
+                        break
+                    sets = [a | b for a in sets for b in got]
+                if not sets:
+                    continue
+                new = _antichain([*opts.get(c, []), *sets], max_sets)
+                if new != opts.get(c):
+                    opts[c] = new
+                    changed = True
+        return opts.get(self._roots[index], [])
+
     def stats(self) -> dict[str, Any]:
         return {
             "egraph_nodes": self.nodes,
@@ -609,3 +645,12 @@ class Targets:
             "memo": len(self._classes),
             "table": len(getattr(self, "_table", ())),
         }
+
+
+def _antichain(sets: list[frozenset], limit: int) -> list[frozenset]:
+    """The minimal sets among `sets` (no superset of another kept), smallest first."""
+    out: list[frozenset] = []
+    for s in sorted(set(sets), key=lambda s: (len(s), sorted(map(repr, s)))):
+        if not any(o <= s for o in out):
+            out.append(s)
+    return out[:limit]

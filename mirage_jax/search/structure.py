@@ -126,7 +126,9 @@ class Structure:
         parts = []
         for k in self.kernels:
             if k.predefined:
-                parts.append(k.predefined)
+                args = ",".join(f"x{r[1]}" if r[0] == "in" else f"k{r[1]}" for r in k.args)
+                params = "".join(f",{n}={v}" for n, v in k.params)
+                parts.append(f"{k.predefined}({args}{params})")
             else:
                 ops = " ".join(op for op, _, _ in k.ops)
                 parts.append(f"[{k.mapping.describe(name)}: {ops}]")

@@ -74,10 +74,37 @@ class Problem:
 
 @dataclass(frozen=True)
 class Task:
-    """One independent subtree: a mapping class of the region's (first) kernel."""
+    """One independent subtree: a mapping class of the region's first graph-defined kernel.
+
+    Arguments:
+        index: the task's number (memo tables are per task).
+        mapping: the mapping class.
+        prefix: pre-defined kernels before it (`predefined.Prefix`); their outputs are refs
+            ("k", j, 0) and the graph-defined kernel(s) follow them.
+        inputs: the kernel's inputs (empty: the region's inputs).
+        epilogue: positions in `inputs` that are pre-defined outputs.
+        group: tasks of one prefix share a group (the depth policy is per group).
+    """
 
     index: int
     mapping: MappingClass
+    prefix: tuple[KernelSpec, ...] = ()
+    inputs: tuple[KTensor, ...] = ()
+    epilogue: frozenset = frozenset()
+    group: int = 0
+
+    def __getstate__(self):  # term ids are per process: send the terms themselves
+        state = dict(self.__dict__)
+        state["inputs"] = tuple((t, E.export(t.term)) for t in self.inputs)
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state["inputs"] = tuple(
+            dataclasses.replace(t, term=E.import_(term)) for t, term in state["inputs"]
+        )
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
 
 
 @dataclass
@@ -173,13 +200,23 @@ def parallel_dims(problem: Problem) -> list[int]:
     return out
 
 
-def tasks_of(problem: Problem, budget: Any) -> list[Task]:
-    present = {c for t in problem.inputs for c in t.labels if isinstance(c, int)}
+def tasks_of(problem: Problem, budget: Any, prefix=None, first: int = 0, group: int = 0):
+    """One task per schedule class of the (first) graph-defined kernel, numbered from `first`.
+
+    With a `predefined.Prefix`, the kernel reads the prefix's chosen inputs.
+    """
+    inputs = prefix.rest if prefix is not None else problem.inputs
+    n_pre = len(prefix.kernels) if prefix is not None else 0
+    present = {c for t in inputs for c in t.labels if isinstance(c, int)}
     reduced = sorted(c for c in problem.dims.reduced if c in present)
-    classes = schedule_classes(
-        reduced, problem.sizes, problem.small, split=budget.split and budget.max_kernels >= 2
-    )
-    return [Task(i, m) for i, m in enumerate(classes)]
+    split = budget.split and budget.max_kernels >= 2 + n_pre
+    classes = schedule_classes(reduced, problem.sizes, problem.small, split=split)
+    if prefix is None:
+        return [Task(first + i, m, group=group) for i, m in enumerate(classes)]
+    return [
+        Task(first + i, m, prefix.kernels, prefix.rest, prefix.epilogue, group)
+        for i, m in enumerate(classes)
+    ]
 
 
 # ---------------------------------------------------------------------------- tasks
@@ -213,6 +250,8 @@ def run_task(
     problem = problem or _WORKER["problem"]
     out = TaskOutcome(task.index, depth)
     m = task.mapping
+    inputs = task.inputs or problem.inputs
+    base = len(task.prefix)  # kernel index of the graph-defined kernel
     rep_grid, rep_loop = representative(m, problem.small)
     targets = tuple(range(len(problem.output_labels)))
     if m.split:
@@ -234,28 +273,31 @@ def run_task(
     problem.targets.egraph  # noqa: B018 (saturate once per process)
     out.saturation = problem.targets.stats()
     en = BlockEnumerator(
-        problem.inputs, m, problem.small, rep_grid, rep_loop, problem.vocab, problem.targets,
-        goal, out.counters, stop,
+        inputs, m, problem.small, rep_grid, rep_loop, problem.vocab, problem.targets,
+        goal, out.counters, stop, task.epilogue,
     )  # fmt: skip
     parallel = parallel_dims(problem)
     for closed in en.run(depth):
-        combines = list(_combine(problem, m, closed, out, stop)) if m.split else [None]
+        combines = list(_combine(problem, m, closed, out, stop, base)) if m.split else [None]
         passed: list[frozenset] = []  # grids that verified: their subsets need no test
         for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
             omaps = [omap_of(mm, closed.tensors[t].labels) for t, _ in closed.outputs]
             if any(o is None for o in omaps):
                 continue
             spec = KernelSpec(
-                tuple(t.ref for t in problem.inputs), mm, closed.ops,
+                tuple(t.ref for t in inputs), mm, closed.ops,
                 tuple((t, o) for (t, _), o in zip(closed.outputs, omaps)),
-                input_labels=tuple(t.labels for t in problem.inputs),
+                input_labels=tuple(t.labels for t in inputs),
             )  # fmt: skip
             for second in combines:
                 if second is None:
-                    s = Structure((spec,), tuple(("k", 0, j) for j in range(len(omaps))))
+                    s = Structure(
+                        (*task.prefix, spec), tuple(("k", base, j) for j in range(len(omaps)))
+                    )
                 else:
                     s = Structure(
-                        (spec, second), tuple(("k", 1, j) for j in range(len(second.outputs)))
+                        (*task.prefix, spec, second),
+                        tuple(("k", base + 1, j) for j in range(len(second.outputs))),
                     )
                 examined += 1
                 t0 = time.perf_counter()
@@ -293,7 +335,7 @@ def run_task(
     return out
 
 
-def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop):
+def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop, base: int = 0):
     """Combining kernels for the partial results of a split-K kernel.
 
     Grid: every output dimension that every partial result has as a plain axis. Either no loop
@@ -306,7 +348,7 @@ def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop):
     for j, (t, omap) in enumerate(closed.outputs):
         bt = closed.tensors[t]
         by = None if bt.rescaled is None else index.get(bt.rescaled)
-        partials.append(output_tensor(bt, m, ("k", 0, j), omap, by))
+        partials.append(output_tensor(bt, m, ("k", base, j), omap, by))
     partials = tuple(partials)
     parallel = [c for c in parallel_dims(problem) if all(c in t.labels for t in partials)]
     base = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
