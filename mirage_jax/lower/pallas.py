@@ -96,6 +96,24 @@ def _f32(x: jax.Array) -> jax.Array:
     return x.astype(F32)
 
 
+LOG2E = np.float32(math.log2(math.e))
+
+
+def fast_exp(x: jax.Array) -> jax.Array:
+    """exp(x) as exp2(x·log2 e), what Triton's own tl.exp does.
+
+    Pallas lowers an fp32 `jnp.exp` to libdevice's accurate `__nv_expf`, but `jnp.exp2` to
+    `__nv_exp2f`, one MUFU.EX2 instruction: on the H100 the exp-heavy attention kernels ran
+    1.7-1.9× slower with `jnp.exp` (experiments/results/timing_check_2026-11-21.md). The
+    extra rounding of x·log2 e is a relative error below |x|·2^-24, far under fp16's.
+    """
+    return jnp.exp2(x * LOG2E)
+
+
+def _sigmoid(x: jax.Array) -> jax.Array:
+    return sigmoid(x, exp=fast_exp)
+
+
 # ---------------------------------------------------------------------------- block-op rules
 def _unary(fn: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
     return lambda ctx, x: fn(_f32(x))
@@ -106,12 +124,12 @@ def _binary(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Callable[..., ja
 
 
 for _name, _fn in {
-    "exp": jnp.exp,
+    "exp": fast_exp,
     "square": lambda x: x * x,
     "sqrt": jnp.sqrt,
-    "sigmoid": sigmoid,
-    "silu": lambda x: x * sigmoid(x),
-    "gelu": lambda x: 0.5 * x * (1.0 - erf(-x * np.float32(1.0 / math.sqrt(2.0)))),
+    "sigmoid": _sigmoid,
+    "silu": lambda x: x * _sigmoid(x),
+    "gelu": lambda x: 0.5 * x * (1.0 - erf(-x * np.float32(1.0 / math.sqrt(2.0)), exp=fast_exp)),
 }.items():
     registry.add(BACKEND, _name, _unary(_fn))
 for _name, _fn in {
@@ -250,10 +268,10 @@ registry.add(
 def _rescale_update(last: bool):
     # Online softmax: s ← s·exp(M_old − M_new) + Σ x·exp(m − M_new), M the running max.
     def update(ctx: OpCtx, s, x, m, shift_old, shift_new):
-        y = _f32(x) * jnp.exp(_f32(m) - shift_new)
+        y = _f32(x) * fast_exp(_f32(m) - shift_new)
         if last:
             y = jnp.sum(ctx.masked(y, 0, (-1,), 0), axis=-1, keepdims=True)
-        return s * jnp.exp(shift_old - shift_new) + y
+        return s * fast_exp(shift_old - shift_new) + y
 
     return update
 
