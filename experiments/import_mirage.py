@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # python experiments/X.py: see experiments/_path.py
+    import _path  # noqa: F401
 
 PEER = ROOT.parent / "shared" / "peer" / "mirage_mugraphs"
 RESULTS = ROOT / "experiments" / "results"

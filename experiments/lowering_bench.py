@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import platform
-import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -33,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # python experiments/X.py: see experiments/_path.py
+    import _path  # noqa: F401
 
 PEER = ROOT.parent / "shared" / "peer" / "mirage_mugraphs"
 RESULTS = ROOT / "experiments" / "results"

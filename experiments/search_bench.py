@@ -25,14 +25,13 @@ import datetime as _dt
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # python experiments/X.py: see experiments/_path.py
+    import _path  # noqa: F401
 
 RESULTS = ROOT / "experiments" / "results"
 NAMES = ("rmsnorm", "gated_mlp", "lora", "ntrans", "gqa", "gqa_scaled", "qknorm", "gqa_stable")

@@ -14,8 +14,8 @@ entry) falls back to XLA for that region, with one clear warning, never a crash.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -146,6 +146,10 @@ class _Options:
     lower_config: Any = None
     progress: bool | None = None  # tqdm's disable: None = only on a terminal
 
+    def kwargs(self) -> dict[str, Any]:
+        """The options as `MirageJit` keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
 
 # ---------------------------------------------------------------------- the decorator
 class MirageJit:
@@ -221,20 +225,9 @@ class MirageJit:
 
     def with_options(self, **changes: Any) -> MirageJit:
         """A new MirageJit of the same function with some options changed."""
-        kw = dict(self._jit_kwargs)
-        kw.update(
-            backend=self.opts.backend,
-            search=self.opts.search,
-            budget_s=self.opts.budget_s,
-            cache=self.cache if self.cache is not None else False,
-            seed=self.opts.seed,
-            workers=self.opts.workers,
-            options=self.opts.options,
-            lower_config=self.opts.lower_config,
-            progress=self.opts.progress,
-        )
-        kw.update(changes)
-        return MirageJit(self.fn, **kw)
+        cache = self.cache if self.cache is not None else False
+        kw = {**self._jit_kwargs, **self.opts.kwargs(), "cache": cache}
+        return MirageJit(self.fn, **(kw | changes))
 
     @property
     def last(self) -> TraceRecord | None:
@@ -291,19 +284,12 @@ class MirageJit:
         if misses and self.opts.search == "auto":
             from tqdm.auto import tqdm
 
-            bar = tqdm(
-                misses,
-                desc="mirage_jax search",
-                unit="region",
-                disable=_tqdm_disable(self.opts.progress),
-            )
-            for region in bar:
+            progress = self.opts.progress
+            disable = None if progress is None else not progress  # None: only on a terminal
+            for region in tqdm(misses, desc="mirage_jax search", unit="region", disable=disable):
                 found[region.index] = resolver.search(region)
         for region in pending:
-            decision = found[region.index] or _xla(
-                region,
-                "not in the cache (search='cached')",
-            )
+            decision = found[region.index] or _xla(region, "not in the cache (search='cached')")
             if decision.status == "kernel":
                 impl = _kernel(decision, region, backend, self.opts.lower_config)
                 if isinstance(impl, str):
@@ -347,7 +333,7 @@ class Resolver:
         key = self.key(region)
         if key in owner._memo:
             owner.stats.memo_hits += 1
-            return _replace(owner._memo[key], index=region.index, source="memo")
+            return dataclasses.replace(owner._memo[key], index=region.index, source="memo")
         decision = self._from_cache(region, key)
         if decision is not None:
             owner._memo[key] = decision
@@ -385,19 +371,8 @@ class Resolver:
             return None
         stats.cache_hits += 1
         entry, mugraph = hit
-        if mugraph is None:
-            return _xla(region, "cached: no µGraph beat XLA", source="cache", entry=entry)
-        return RegionDecision(
-            index=region.index,
-            region_hash=entry.region_hash,
-            status="kernel",
-            reason="cached verified µGraph",
-            source="cache",
-            mugraph=mugraph,
-            verification=entry.verification,
-            timings=entry.timings,
-            cache_key=entry.key,
-            backend=self.backend,
+        return self._decision(
+            region, entry, mugraph, "cache", "cached verified µGraph", "cached: no µGraph beat XLA"
         )
 
     def _search(self, region: Any, key: str) -> RegionDecision:
@@ -437,20 +412,20 @@ class Resolver:
                     f"mirage_jax cache {owner.cache.path}: could not store a search result "
                     f"({type(e).__name__}: {e})",
                 )
-        if found.mugraph is None:
-            return _xla(region, f"search: {found.reason}", source="search", entry=entry)
-        return RegionDecision(
-            index=region.index,
-            region_hash=entry.region_hash,
-            status="kernel",
-            reason=found.reason,
-            source="search",
-            mugraph=found.mugraph,
-            verification=entry.verification,
-            timings=entry.timings,
-            cache_key=entry.key,
-            backend=self.backend,
+        return self._decision(
+            region, entry, found.mugraph, "search", found.reason, f"search: {found.reason}"
         )
+
+    def _decision(
+        self, region: Any, entry: CacheEntry, mugraph: Any, source: str, why: str, why_xla: str
+    ) -> RegionDecision:
+        """The decision a cache entry (read or just written) stands for."""
+        if mugraph is None:
+            return _xla(region, why_xla, source=source, entry=entry)
+        return RegionDecision(
+            region.index, entry.region_hash, "kernel", why, source, mugraph, entry.verification,
+            entry.timings, entry.key, self.backend,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- search
@@ -470,19 +445,13 @@ class SearchOutcome:
     cacheable: bool = True  # False where a failure may not recur (nothing lowered, say)
 
 
-FLOAT_TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 5e-3, "float64": 1e-9}
-"""Relative error (to max |reference|) a lowered kernel may show against float64 (f32 dots
-may run as TF32 on the GPU)."""
-
-
 def search_region(program: Any, opts: _Options, backend: str) -> SearchOutcome:
     """Search µGraphs for one region and select the fastest verified one, or XLA.
 
-    Candidates come best-first by the search's cost model. On a GPU the top `time_top`
-    (option, default 4) that lower and pass a float64 check are timed against XLA with
-    `mirage_jax.profile.time_device`, and XLA wins ties. Without a GPU (pallas-interpret,
-    reference) nothing can be timed: the cost model's best candidate that lowers is taken.
-    The choice is verified again at full size (its record keeps the output matching).
+    `mirage_jax.search.select` chooses: each candidate is verified again at full size (the
+    record keeps the output matching) and must pass a float64 check (`FLOAT_TOL`). On a GPU
+    the top `time_top` (option, default 4) are timed against XLA, which wins ties. Without a
+    GPU (pallas-interpret, reference) nothing is timed: the cost model's best that passes wins.
     """
     try:
         from mirage_jax import search as search_mod
@@ -500,8 +469,9 @@ def search_region(program: Any, opts: _Options, backend: str) -> SearchOutcome:
 def _search_and_select(
     search_mod: Any, program: Any, opts: _Options, backend: str
 ) -> SearchOutcome:
-    import fields
     from mirage_jax.cache import mugraph_to_json, verification_record
+    from mirage_jax.profile import time_device
+    from mirage_jax.search.select import FLOAT_TOL, random_inputs
 
     try:
         result = search_mod.search(
@@ -516,86 +486,40 @@ def _search_and_select(
     if not result.mugraphs:
         return SearchOutcome(None, None, None, {}, result.message or result.stop_reason)
     timed = has_gpu() and backend in ("pallas", "triton")
-    inputs = _random_inputs(program, opts.seed)
-    xla_us = _time(jax.jit(lambda *xs: lax_ir.evaluate(program, *xs)), inputs) if timed else None
-    best: tuple[Any, Any, float | None] | None = None  # (µGraph, verdict, µs)
-    failures: list[str] = []
-    for g in result.mugraphs[: int(opts.options.get("time_top", 4)) if timed else None]:
-        try:
-            verdict = fields.verify(g, program, trials=3, seed=opts.seed)
-            if not verdict.equal:
-                continue
-            order = json.loads(verification_record("", "", verdict))["output_order"]
-            fn = lower_mugraph(g, backend, opts.lower_config)
-            _float_check(fn, program, inputs, order)
-        except Exception as e:  # a candidate that fails to lower or to agree is skipped
-            failures.append(f"{type(e).__name__}: {e}")
-            continue
-        us = _time(fn, inputs) if timed else None
-        if best is None or (us is not None and us < (best[2] or float("inf"))):
-            best = (g, verdict, us)
-        if not timed:
-            break
-    info = {"device": device_kind(), "search": result.message}
-    if best is None:
-        first = f" (first failure: {failures[0]})" if failures else ""
-        why = f"no candidate lowered and passed the float check{first}"
-        return SearchOutcome(None, None, None, info, why, cacheable=False)
-    g, verdict, us = best
-    if timed and us is not None and xla_us is not None and us >= xla_us:
-        t = info | {"xla_us": xla_us, "mugraph_us": us}
-        return SearchOutcome(
-            None, None, None, t, f"no µGraph beat XLA ({us:.2f} µs against {xla_us:.2f} µs)"
-        )
-    record = verification_record(program.canonical_hash, g.canonical_hash, verdict)
-    if timed:
-        t = info | {"xla_us": xla_us, "mugraph_us": us, "method": "mirage_jax.profile.time_device"}
-        why = f"{us:.2f} µs against XLA {xla_us:.2f} µs"
-    else:
-        t = info | {"estimated_us": (g.meta.get("cost") or {}).get("us"), "method": "cost model"}
-        why = "the cost model's best (no GPU to time on)"
-    return SearchOutcome(g, mugraph_to_json(g), record, t, why)
+    xs = random_inputs(program, opts.seed)
 
+    def timer(fn: Callable[..., Any], _: Any) -> tuple[float, str]:
+        t = time_device(fn, xs, chain=16, repeats=9)
+        return float(t.median_us), "mirage_jax.profile.time_device"
 
-def _random_inputs(program: Any, seed: int) -> list[Any]:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return [
-        jax.device_put((0.25 * rng.standard_normal(shape)).astype(dtype))
-        for shape, dtype in program.input_avals
-    ]
-
-
-def _time(fn: Callable[..., Any], inputs: Sequence[Any]) -> float:
-    from mirage_jax.profile import time_device
-
-    return float(time_device(fn, inputs, chain=16, repeats=9).median_us)
-
-
-def _float_check(
-    fn: Callable[..., Any], program: Any, inputs: Sequence[Any], order: Sequence[int] | None
-) -> None:
-    """The lowered kernel against the region in float64; raises if it disagrees."""
-    import numpy as np
-
-    outs = list(jax.jit(fn)(*inputs))
-    got = [outs[i] for i in order] if order else outs
-    want = lax_ir.evaluate_reference(program, *[np.asarray(x) for x in inputs])
-    for g, w, (_, dtype) in zip(got, want, program.output_avals):
-        w = np.asarray(w, np.float64)
-        err = float(np.max(np.abs(np.asarray(g, np.float64) - w)) / (np.max(np.abs(w)) + 1e-30))
-        if not err <= FLOAT_TOL.get(dtype, 2e-2):
-            raise ValueError(f"relative error {err:.1e} against float64")
+    sel = search_mod.select(
+        result,
+        program,
+        backend=backend,
+        top=int(opts.options.get("time_top", 4)) if timed else None,
+        tie=0.0,
+        timer=timer,
+        timed=timed,
+        inputs=lambda _: xs,
+        rtol=FLOAT_TOL,
+        lower=lambda g, backend: jax.jit(lower_mugraph(g, backend, opts.lower_config)),
+        verify_trials=3,
+        seed=opts.seed,
+    )
+    t = {"device": device_kind(), "search": result.message}
+    if timed and sel.passed:
+        t |= {"xla_us": sel.xla_us, "mugraph_us": sel.fastest_us, "method": sel.method}
+    chosen = sel.chosen
+    if chosen is None:  # cacheable only if some µGraph passed (lost to XLA)
+        return SearchOutcome(None, None, None, t, sel.reason, cacheable=bool(sel.passed))
+    if not timed:
+        t |= {"estimated_us": chosen.estimate_us, "method": sel.method}
+    g = chosen.mugraph
+    record = verification_record(program.canonical_hash, g.canonical_hash, chosen.verdict)
+    return SearchOutcome(g, mugraph_to_json(g), record, t, sel.reason)
 
 
 # ---------------------------------------------------------------------- helpers
-def _replace(d: RegionDecision, **changes: Any) -> RegionDecision:
-    import dataclasses
-
-    return dataclasses.replace(d, **changes)
-
-
 def _xla(
     region: Any,
     reason: str,
@@ -605,7 +529,7 @@ def _xla(
     entry: CacheEntry | None = None,
 ) -> RegionDecision:
     if base is not None:
-        return _replace(base, status="xla", reason=reason, backend="")
+        return dataclasses.replace(base, status="xla", reason=reason, backend="")
     return RegionDecision(
         index=region.index,
         region_hash=region.program.canonical_hash,
@@ -615,10 +539,6 @@ def _xla(
         timings=entry.timings if entry is not None else None,
         cache_key=entry.key if entry is not None else "",
     )
-
-
-def _tqdm_disable(progress: bool | None) -> bool | None:
-    return None if progress is None else not progress
 
 
 def _open_cache(cache: Cache | str | bool | None) -> Cache | None:

@@ -1,17 +1,18 @@
 """`select`: lower the most promising searched µGraphs, time them and XLA, keep the fastest.
 
 The search ranks its µGraphs by the cost model; `select` lowers the first `top` of them with
-the chosen backend, checks each against the XLA result in float (a lowering that computes
-something else is dropped, never timed), times them and the plain XLA function the same way
-(`mirage_jax.profile.time_device`, the chained method, unless a `timer` is given), and returns
-the fastest. XLA is a contender and wins ties: a µGraph is chosen only if it is faster than
-XLA by more than `tie` (relative).
+the chosen backend (verifying each at full size first when asked), checks each against the
+region run in float64 (a lowering that computes something else is dropped, never timed), times
+them and the plain XLA function the same way (`mirage_jax.profile.time_device`, the chained
+method, unless a `timer` is given), and returns the fastest. XLA is a contender and wins ties:
+a µGraph is chosen only if it is faster than XLA by more than `tie` (relative). Untimed
+(`timed=False`, e.g. no GPU), the cost model's best µGraph that passes is taken.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,10 +22,14 @@ from lax_ir.program import Program
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.driver import SearchResult
 
+FLOAT_TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 5e-3, "float64": 1e-9}
+"""Per output dtype: the relative error (to max |reference|) a lowered kernel may show against
+float64 (f32 dots may run as TF32 on the GPU). `mirage_jax.jit` checks with these."""
+
 
 @dataclass(frozen=True)
 class Contender:
-    """One timed candidate: a µGraph (or XLA), its time, or why it was dropped."""
+    """One candidate: a µGraph (or XLA), its time, or why it was dropped."""
 
     label: str
     us: float | None
@@ -32,6 +37,7 @@ class Contender:
     error: str = ""
     estimate_us: float | None = None
     max_rel_error: float | None = None
+    verdict: Any = None  # the full-size `fields.Verdict` when `select` verified it
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class Selection:
         best: the chosen µGraph, or None when XLA is kept.
         reason: why.
         contenders: every candidate considered, XLA first.
-        method: how times were measured.
+        method: how times were measured ("cost model" when nothing was timed).
     """
 
     best: MuGraph | None
@@ -55,6 +61,21 @@ class Selection:
     @property
     def xla_us(self) -> float | None:
         return self.contenders[0].us if self.contenders else None
+
+    @property
+    def passed(self) -> tuple[Contender, ...]:
+        """The µGraph contenders that lowered, ran and passed the checks."""
+        return tuple(c for c in self.contenders[1:] if not c.error)
+
+    @property
+    def chosen(self) -> Contender | None:
+        """The contender of `best` (None when XLA is kept)."""
+        return next((c for c in self.passed if c.mugraph is self.best), None)
+
+    @property
+    def fastest_us(self) -> float | None:
+        """The fastest timed µGraph's time (None if none was timed)."""
+        return min((c.us for c in self.passed if c.us is not None), default=None)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -99,12 +120,15 @@ def select(
     program: Program,
     *,
     backend: str = "pallas",
-    top: int = 4,
+    top: int | None = 4,
     tie: float = 0.02,
     timer: Callable[[Callable[..., Any], Callable[[int], Sequence[Any]]], Any] | None = None,
+    timed: bool = True,
     inputs: Callable[[int], Sequence[Any]] | None = None,
-    rtol: float = 2e-2,
+    rtol: float | Mapping[str, float] = 2e-2,
     lower: Callable[..., Any] | None = None,
+    verify_trials: int | None = None,
+    seed: int = 0,
 ) -> Selection:
     """Time the `top` best µGraphs of `result` and XLA; return the fastest (XLA wins ties).
 
@@ -112,14 +136,19 @@ def select(
         result: a `search` result for `program`.
         program: the region (XLA runs it as plain jnp under `jax.jit`).
         backend: the lowering backend ("pallas", "triton", ...).
-        top: how many µGraphs (best estimated first) to lower and time.
+        top: how many µGraphs (best estimated first) to lower and time (None: all).
         tie: a µGraph must beat XLA by more than this fraction.
         timer: `timer(fn, inputs) -> median µs` or `(median µs, method)`; default:
             `mirage_jax.profile.time_device` (device time on a GPU).
+        timed: False: time nothing; take the first µGraph (the cost model's best) that passes.
         inputs: `seed -> input set`; default `random_inputs(program, seed)`.
-        rtol: a lowered µGraph whose float result differs from XLA's by more than this
-            (max relative error, normalised by the output's max magnitude) is dropped.
+        rtol: a lowered µGraph whose result differs from the region's in float64 by more than
+            this (max relative error, normalised by the output's max magnitude) is dropped;
+            a mapping gives it per output dtype (`FLOAT_TOL`; 2e-2 for dtypes it lacks).
         lower: `lower(mugraph, backend=...) -> fn`; default `mirage_jax.lower.lower`.
+        verify_trials: if given, each µGraph is first verified against `program` at full size
+            (`fields.verify` with this many trials and `seed`); one that is not equal is
+            dropped, and the verdict's output matching orders its outputs for the float check.
     """
     import jax
 
@@ -136,41 +165,66 @@ def select(
         got = timer(fn, inputs)
         return got if isinstance(got, tuple) else (float(got), "")
 
-    xla = jax.jit(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
-    xla_us, method = run_timer(xla)
+    def tol(dtype: str) -> float:
+        return rtol.get(dtype, 2e-2) if isinstance(rtol, Mapping) else rtol
+
+    xla_us, method = None, "cost model"
+    if timed:
+        xla_us, method = run_timer(jax.jit(lambda *xs: tuple(lax_ir.evaluate(program, *xs))))
     contenders = [Contender("xla", xla_us)]
-    reference = [np.asarray(o, np.float64) for o in xla(*inputs(0))]
+    xs = inputs(0)
+    reference = [np.asarray(o, np.float64) for o in lax_ir.evaluate_reference(program, *xs)]
     best: tuple[float, MuGraph] | None = None
     for k, g in enumerate(result.mugraphs[:top]):
-        est = g.meta.get("cost", {}).get("us")
+        est = (g.meta.get("cost") or {}).get("us")
         label = f"mugraph[{k}]"
+        verdict, order = None, None
         try:
+            if verify_trials is not None:
+                verdict, order = _verify(g, program, verify_trials, seed)
             fn = lower(g, backend=backend)
-            outs = [np.asarray(o, np.float64) for o in fn(*inputs(0))]
-            err = max(
+            outs = list(fn(*xs))
+            outs = [
+                np.asarray(o, np.float64) for o in ([outs[i] for i in order] if order else outs)
+            ]
+            errs = [
                 float(np.max(np.abs(o - r)) / max(1e-30, float(np.max(np.abs(r)))))
                 for o, r in zip(outs, reference)
-            )
-            if not np.isfinite(err) or err > rtol:
-                contenders.append(Contender(label, None, g, f"wrong result: {err:.3g}", est, err))
+            ]
+            err = max(errs)
+            if not all(e <= tol(d) for e, (_, d) in zip(errs, program.output_avals)):  # NaN too
+                wrong = f"wrong result: {err:.3g}"
+                contenders.append(Contender(label, None, g, wrong, est, err, verdict))
                 continue
-            us, _ = run_timer(fn)
+            us = run_timer(fn)[0] if timed else None
         except Exception as e:  # a lowering or run failure drops the candidate, with the reason
-            contenders.append(Contender(label, None, g, f"{type(e).__name__}: {e}"[:300], est))
+            msg = f"{type(e).__name__}: {e}"[:300]
+            contenders.append(Contender(label, None, g, msg, est, None, verdict))
             continue
-        contenders.append(Contender(label, us, g, "", est, err))
+        contenders.append(Contender(label, us, g, "", est, err, verdict))
+        if not timed:
+            why = "the cost model's best that lowers and passes the float check (not timed)"
+            return Selection(g, why, tuple(contenders), method, backend)
         if best is None or us < best[0]:
             best = (us, g)
     if best is None:
-        return Selection(
-            None,
-            "no µGraph lowered and ran correctly; XLA kept",
-            tuple(contenders),
-            method,
-            backend,
-        )
+        first = next((f" (first failure: {c.error})" for c in contenders[1:]), "")
+        why = f"no µGraph lowered and ran correctly; XLA kept{first}"
+        return Selection(None, why, tuple(contenders), method, backend)
     if best[0] < xla_us * (1.0 - tie):
         why = f"fastest: {best[0]:.2f} µs against XLA {xla_us:.2f} µs"
         return Selection(best[1], why, tuple(contenders), method, backend)
-    why = f"XLA kept: {xla_us:.2f} µs, best µGraph {best[0]:.2f} µs (within {tie:.0%} or slower)"
+    margin = f"within {tie:.0%} or slower" if tie else "not faster"
+    why = f"XLA kept: {xla_us:.2f} µs, best µGraph {best[0]:.2f} µs ({margin})"
     return Selection(None, why, tuple(contenders), method, backend)
+
+
+def _verify(g: MuGraph, program: Program, trials: int, seed: int) -> tuple[Any, list[int] | None]:
+    """`fields.verify` at full size: the verdict and the output order (raises if not equal)."""
+    import fields
+    from mirage_jax.cache import verification_record
+
+    verdict = fields.verify(g, program, trials=trials, seed=seed)
+    if not verdict.equal:
+        raise ValueError(f"not equal to the region at full size ({verdict.reason})")
+    return verdict, json.loads(verification_record("", "", verdict))["output_order"]

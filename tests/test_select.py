@@ -1,0 +1,94 @@
+"""`search.select` with hand-built µGraphs: untimed choice, full-size verification, tolerances."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import lax_ir
+from mirage_jax.mugraph import MuGraphBuilder, evaluate_reference
+from mirage_jax.search import SearchResult, select
+from mirage_jax.search.select import FLOAT_TOL
+
+SPECS = [jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 4), jnp.float32)]
+
+
+def two(x, w):
+    y = x @ w
+    return y * 2.0, jnp.exp(y)
+
+
+def program():
+    return lax_ir.partition(lax_ir.capture(two, *SPECS)).regions[0].program
+
+
+def graph(swapped=False, wrong=False):
+    b = MuGraphBuilder()
+    x, w = (b.input(s.shape, "float32") for s in SPECS)
+    y = b.op("matmul", x, w)
+    outs = [b.op("exp", y), b.op("mul_scalar", y, scalar=3.0 if wrong else 2.0)]  # region order
+    return b.build(outs[::-1] if swapped else outs)
+
+
+def fake_lower(scale=1.0):
+    def lower(g, backend="pallas"):
+        return lambda *xs: [scale * o for o in evaluate_reference(g, *xs)]
+
+    return lower
+
+
+def never_timed(fn, inputs):
+    raise AssertionError("timed=False must time nothing")
+
+
+def test_untimed_takes_the_first_candidate_that_passes():
+    p = program()
+    r = SearchResult((graph(wrong=True), graph(), graph()), "exhausted", {})
+    sel = select(r, p, top=None, timed=False, timer=never_timed, lower=fake_lower())
+    assert sel.best is r.mugraphs[1] and sel.method == "cost model" and "not timed" in sel.reason
+    assert "wrong result" in sel.contenders[1].error and len(sel.contenders) == 3
+    assert sel.chosen.mugraph is sel.best and sel.xla_us is None and sel.fastest_us is None
+
+
+def test_verification_drops_unequal_graphs_and_orders_outputs():
+    p = program()
+    swapped = graph(swapped=True)
+    r = SearchResult((swapped,), "exhausted", {})
+    sel = select(r, p, timed=False, lower=fake_lower())  # unverified: compared in order
+    assert sel.best is None and "wrong result" in sel.reason and not sel.passed
+    sel = select(r, p, timed=False, lower=fake_lower(), verify_trials=2, seed=1)
+    assert sel.best is swapped and sel.chosen.verdict.equal and sel.chosen.verdict.trials == 2
+    r = SearchResult((graph(wrong=True), swapped), "exhausted", {})
+    sel = select(r, p, timed=False, lower=fake_lower(), verify_trials=2)
+    assert sel.best is swapped and "not equal" in sel.contenders[1].error
+
+
+def test_tolerance_per_dtype_and_the_tie_rule():
+    p = program()
+    r = SearchResult((graph(),), "exhausted", {})
+    off = fake_lower(1.01)  # 1% off: within the default 2e-2, not within float32's 5e-3
+    assert select(r, p, timed=False, lower=off).best is not None
+    sel = select(r, p, timed=False, lower=off, rtol=FLOAT_TOL)
+    assert sel.best is None and "first failure: wrong result" in sel.reason
+
+    def timer(us):
+        return lambda fn, inputs: (us(fn), "fake")
+
+    times = iter([10.0, 9.9])  # XLA first, then the µGraph: 1% faster
+    sel = select(r, p, timer=timer(lambda fn: next(times)), lower=fake_lower())
+    assert sel.best is None and "within 2% or slower" in sel.reason and sel.fastest_us == 9.9
+    times = iter([10.0, 9.9])
+    sel = select(r, p, tie=0.0, timer=timer(lambda fn: next(times)), lower=fake_lower())
+    assert sel.best is not None and sel.method == "fake" and sel.xla_us == 10.0
+    times = iter([10.0, 10.0])
+    sel = select(r, p, tie=0.0, timer=timer(lambda fn: next(times)), lower=fake_lower())
+    assert sel.best is None and "not faster" in sel.reason  # XLA wins exact ties
+
+
+def test_float_check_is_against_float64():
+    p = program()
+    xs = [np.full(s.shape, 0.5, np.float32) for s in SPECS]
+    r = SearchResult((graph(),), "exhausted", {})
+    sel = select(r, p, timed=False, inputs=lambda seed: xs, lower=fake_lower())
+    assert sel.chosen.max_rel_error < 1e-6
