@@ -23,6 +23,10 @@ How it works (modules in pipeline order):
   loop 2) with `fields.verify`; accepted structures are instantiated at full size, ranked by
   `cost` and the best are verified again at full size. `cuts` splits a region at matmul
   prologues when nothing is found in one piece.
+- `predefined`: the kernel level. Short sequences of pre-defined kernel ops (a GEMM left to
+  XLA, and elementwise or reduction ops on its result) in canonical order, each kept only if
+  its abstract expression is a subexpression of a target; the rest of the region is searched
+  as graph-defined kernel(s) reading the pre-defined outputs (`Budget.max_predefined`).
 - `select`: lowers the best few, times them against XLA (XLA wins ties).
 
 Choices that differ from the original, and why (measurements on this 2-core CPU):
@@ -44,14 +48,23 @@ Choices that differ from the original, and why (measurements on this 2-core CPU)
   dimensions, which cannot change correctness unless reduced over, are added after the
   enumeration (9 enumerations for attention instead of 60: gqa_scaled 197 s → 16 s; the
   e-graph partner pre-filters then took it to 5 s).
-- The kernel level is planned, not enumerated op by op: one graph-defined kernel, a split-K
-  pair (a kernel of partial sums + a combining kernel: the original's GQA form, and flash
-  decoding for the stable softmax), or cuts at matmul prologues into pieces searched the same
-  way. Pre-defined kernel ops (a kernel-level matmul, reduction, div, ...) are not
-  generated: the combining step of a split is a graph-defined kernel (`accum_sum_todimx`
-  and a division, or the rescaling loop), where the original may use kn_reduction + kn_div.
-  A kernel-level DFS over pre-defined ops is future work; it is what makes the original's
-  searches take hours.
+- The kernel level is a small plan space, not an open-ended DFS: one graph-defined kernel, a
+  split-K pair (a kernel of partial sums + a combining kernel: the original's GQA form, and
+  flash decoding for the stable softmax), cuts at matmul prologues into pieces searched the
+  same way, or up to `max_predefined` (2) pre-defined ops followed by graph-defined kernel(s).
+  Pre-defined ops are generated depth-first in a canonical order and pruned by the same
+  e-graph lookup, but only as GEMMs and their epilogues (a non-matmul op must read a
+  pre-defined output: a prologue costs a round trip through memory that fusing avoids), and
+  the graph-defined kernel after them reads the inputs an e-graph cover analysis says the
+  rest needs (`Targets.covers`: rmsnorm after X @ W reads X and X @ W, not W). The combining
+  step of a split stays a graph-defined kernel (`accum_sum_todimx` and a division, or the
+  rescaling loop), where the original may use kn_reduction + kn_div. A deeper kernel-level
+  DFS (the original's, over every op at every position) is what makes its searches take
+  hours; this one adds 0.1-1 s per benchmark (measured in docs/decisions.md).
+- The search returns µGraphs in cost order except that the best µGraphs of up to two other
+  kernel-level plans (e.g. a GEMM + fused epilogue against one fused kernel) come right
+  behind the best: the cost model ranks a cuBLAS GEMM against our tiles least reliably, and
+  `select` times the first few.
 """
 
 from mirage_jax.search.cost import Cost as Cost

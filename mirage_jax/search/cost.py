@@ -6,7 +6,12 @@ of two, matmul operands to at least 16, as the Pallas lowering pads them), the l
 much of the GPU the grid can use (blocks against SMs, blocks that fit an SM's shared memory,
 and whether a block can overlap its loads: per-iteration tiles double-buffered in a loop).
 Time is the larger of the memory and compute times at the used fraction of the device, plus
-the launch and the loop's sequential iterations. The H100 timings of 2026-11-21 (rmsnorm:
+the launch and the loop's sequential iterations. Compute counts the tensor-core flops and the
+special-function unit's operations (exp, sqrt, reciprocals: on attention at fp16 the exps of
+a recomputed Q·K cost as much as the dots), and a kernel takes at least the sequential work
+of one block per wave of SMs (a grid of few, long blocks cannot use the whole GPU). A pre-defined kernel (an XLA op: a cuBLAS
+GEMM, an elementwise op) is its bytes at the full bandwidth, or its flops at the full rate,
+plus a launch. The H100 timings of 2026-11-21 (rmsnorm:
 128 KiB weight tiles per iteration ran at 50-65 µs where the original's smaller tiles ran at
 38 µs) are why tiles that cannot be double-buffered are penalised. Absolute numbers are rough; the model is for ordering candidates, and the GPU
 timing in `select` decides.
@@ -39,6 +44,7 @@ class Device:
     unpipelined: float = 0.6  # bandwidth a block gets when it cannot overlap loads (no loop)
     oversize: float = 0.35  # ... and when its tiles cannot be double-buffered at all
     loop_tile_bytes: int = 32 * 1024  # per-iteration tiles above this pipeline less well
+    sfu_rate: float = 3.7e12  # transcendental ops/s (MUFU: 16 a clock per SM, 132 SMs, 1.75 GHz)
 
 
 H100 = Device()
@@ -84,10 +90,23 @@ def _op_flops(op: str, arg_tiles, out_tile) -> int:
     return max(big, math.prod(out_tile))
 
 
-def _time(bytes_: int, flops: int, blocks: int, device: Device, memory_use: float = 1.0) -> float:
+SFU_OPS = {"exp": 1, "sqrt": 1, "div": 1, "sigmoid": 2, "silu": 2, "gelu": 2}
+"""Special-function-unit operations per output element (exp2, rsqrt/rcp; sigmoid = exp + rcp)."""
+
+
+def _op_sfu(op: str, out_tile) -> int:
+    if op in ("accum_rescale_sum", "accum_rescale_sum_last"):
+        return 2 * math.prod(out_tile)  # exp of the shift and of the rescale
+    return SFU_OPS.get(op, 0) * math.prod(_pad(n) for n in out_tile)
+
+
+def _time(
+    bytes_: int, flops: int, blocks: int, device: Device, memory_use: float = 1.0, sfu: int = 0
+) -> float:
     use = min(1.0, blocks * device.sm_bandwidth_share / device.sms) * memory_use
     use_c = min(1.0, blocks / device.sms)
-    return max(bytes_ / (device.bandwidth * use), flops / (device.flops * use_c))
+    compute = flops / (device.flops * use_c) + sfu / (device.sfu_rate * use_c)
+    return max(bytes_ / (device.bandwidth * use), compute)
 
 
 def _memory_use(loop_bytes: int, smem: int, loop: int, device: Device) -> tuple[float, int]:
@@ -141,19 +160,25 @@ def estimate(g: MuGraph, device: Device = H100) -> Cost:
             loop_bytes += t_bytes if b.forloop_dim is not None else 0
         for o in bg.outputs:
             per_block += _nbytes(info.tiles[o.arg], info.dtypes[o.arg])
-        flops = 0
+        flops = sfu = 0
         n_in = len(bg.inputs)
         for k, bop in enumerate(bg.ops):
             t = n_in + k
             f = _op_flops(bop.op, [info.tiles[a] for a in bop.args], info.tiles[t])
             pre_loop = not info.post[t] or OPS[bop.op].kind == "accum"
             flops += f * (loop if pre_loop else 1)
+            sfu += _op_sfu(bop.op, info.tiles[t]) * (loop if pre_loop else 1)
         b = per_block * n_blocks
         f = flops * n_blocks
         use, resident = _memory_use(loop_bytes, info.smem_bytes, loop, device)
         waves = math.ceil(n_blocks / (device.sms * resident))
-        total_s += device.launch_s + _time(b, f, n_blocks, device, use)
-        total_s += waves * loop * device.iteration_s
+        # a block's own work is sequential on one SM: with few blocks that is the bound
+        block_s = flops / (device.flops / device.sms) + sfu / (device.sfu_rate / device.sms)
+        kernel_s = max(
+            _time(b, f, n_blocks, device, use, sfu * n_blocks),
+            math.ceil(n_blocks / device.sms) * block_s,
+        )
+        total_s += device.launch_s + kernel_s + waves * loop * device.iteration_s
         total_b += b
         total_f += f
         blocks_list.append(n_blocks)

@@ -9,11 +9,15 @@ The search of one region runs in phases (each timed in the statistics):
    subtrees, run by a process pool), iterative deepening over the number of block ops,
    depth-major across tasks so small graphs are found first everywhere; closed graphs are
    verified at once on the small representative (`fields.verify` against the shrunk region,
-   grid 2, loop 2) and memoised by structure (`tasks.run_task`); if nothing is found, the
+   grid 2, loop 2) and memoised by structure (`tasks.run_task`); then pre-defined kernel ops
+   (GEMMs left to XLA, `predefined`) are enumerated and the rest of the region behind each
+   prefix is searched the same way, one task group per prefix (`Budget.max_predefined`,
+   `predefined_share` of the time); if no µGraph of graph-defined kernels only was found, the
    region is cut at matmul prologues and the pieces are searched (`cuts`);
 3. numbers: every accepted structure is instantiated at full size over its candidate grids
    and loop ranges, checked against the target's limits and ranked by the cost model;
-4. confirm: the best candidates are verified at full size before they are returned.
+4. confirm: the first candidates of the returned order (cost order, with the best of up to
+   two other kernel-level plans promoted behind the best: `_order`) are verified at full size.
 
 The depth policy: once a task's smallest graph is found at depth d, it goes on to depth
 d + `Budget.extra_depth` only; depths beyond the smallest success overall plus that margin are
