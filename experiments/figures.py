@@ -184,8 +184,8 @@ def _fmt(x: float | None, spec: str = ".1f", none: str = "–") -> str:
     return none if x is None else format(x, spec)
 
 
-def _time(c: dict) -> str:
-    t = c.get("time")
+def _time(c: dict, key: str = "time") -> str:
+    t = c.get(key)
     if not t:
         return "–"
     return f"{t['median_us']:.1f} [{t['p10_us']:.1f}–{t['p90_us']:.1f}]"
@@ -254,23 +254,46 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_imported_cell(r)} "
             f"| {_fmt(bound, '.1e')} | {srch} |"
         )
+    versus = [(r, b, v) for r in rows for b, v in (r.get("vs_original") or {}).items()]
+    if versus:
+        lines += [
+            "",
+            "## Searched against the original's µGraphs, per backend",
+            "",
+            "Our best searched µGraph and the original's best imported µGraph, lowered with the "
+            "same backend and timed in the same run (ratio > 1: ours is faster).",
+            "",
+            "| benchmark | b | backend | ours µs | original's µs | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r, b, v in versus:
+            lines.append(
+                f"| {r['name']} | {r['batch']} | {b} | {_fmt(v['ours_us'])} ({v['ours']}) "
+                f"| {_fmt(v['original_us'])} ({v['original']}) | {_fmt(v['ratio'], '.2f')} |"
+            )
+    other = next(
+        (k for r in rows for c in r["contenders"] for k in c if k.startswith("time_")), None
+    )
     lines += [
         "",
         "## Every contender",
         "",
-        "| benchmark | b | contender | form | µs [p10–p90] | rel err | status |",
-        "|---|---|---|---|---|---|---|",
+        "| benchmark | b | contender | form | µs [p10–p90] | "
+        + (f"{other.removeprefix('time_')} µs | " if other else "")
+        + "rel err | status |",
+        "|---|---|---|---|---|---|---|" + ("---|" if other else ""),
     ]
     for r in rows:
         for c in r["contenders"]:
+            extra = f"{_time(c, other)} | " if other else ""
             lines.append(
                 f"| {r['name']} | {r['batch']} | {c['label']} | {c.get('form', '')} "
-                f"| {_time(c)} | {_fmt(c.get('rel_err'), '.1e')} | {c.get('status', '')} |"
+                f"| {_time(c)} | {extra}{_fmt(c.get('rel_err'), '.1e')} | {c.get('status', '')} |"
             )
     lines += [
         "",
         "The original's µGraphs (`../shared/peer`, its `evaluation` branch, h100) are lowered "
-        "through our Pallas backend and timed on their own program form (the original's: no "
+        "through our backends and timed on their own program form (the original's: no "
         "eps, unscaled attention, QKNorm on Q and V) at the same shapes; LoRA and GatedMLP only "
         "at b=1, where the shapes agree.",
         "",

@@ -258,6 +258,22 @@ def _search_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _structures_first(found: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
+    """The cheapest µGraph of each structure first (in cost order), then the rest.
+
+    The cost model orders instances of one structure well (grids, loop ranges) but misjudges
+    structures against each other (the H100 timings of 2026-11-21: at gqa b=8 its first pick,
+    one kernel recomputing Q·K per V column block, ran 2.4x slower than the split-KV pair it
+    ranked below), so the GPU gets one candidate per structure before a second of any.
+    """
+    first, rest, seen = [], [], set()
+    for g, source in found:
+        key = g.meta.get("structure") or g.canonical_hash
+        (rest if key in seen else first).append((g, source))
+        seen.add(key)
+    return first + rest
+
+
 def _search_region(region: Any, args: argparse.Namespace) -> dict[str, Any]:
     from mirage_jax.search import Budget, search
 
@@ -287,6 +303,7 @@ def _search_region(region: Any, args: argparse.Namespace) -> dict[str, Any]:
     except Exception as e:
         rec["search"] = {"stop_reason": "error", "message": _err(e, 600), "found": 0}
     rec["search"]["seconds"] = round(time.perf_counter() - t0, 2)
+    found = _structures_first(found)
     seen = {g.canonical_hash for g, _ in found}
     for g in _cache_candidates(rec["hash"], args.cache):
         if g.canonical_hash not in seen:
@@ -689,8 +706,14 @@ def _ours(
     return out
 
 
-def _imported(entry: dict, peer: Path | None, quick: bool, interpret: bool) -> list[dict]:
-    """The original's kept µGraphs (from --peer), each with its own form's inputs."""
+def _imported(
+    entry: dict,
+    peer: Path | None,
+    quick: bool,
+    interpret: bool,
+    backends: Sequence[str] = ("pallas",),
+) -> list[dict]:
+    """The original's kept µGraphs (from --peer), each with its own form's inputs, per backend."""
     imp = entry.get("imported") or {}
     if imp.get("status") != "ok":
         return []
@@ -708,8 +731,8 @@ def _imported(entry: dict, peer: Path | None, quick: bool, interpret: bool) -> l
     except Exception as e:
         return [{"label": "original's µGraph", "kind": "imported", "status": _err(e)}]
     out = []
-    for c in imp["candidates"]:
-        label = f"original's µGraph [{c['index']}] (pallas)"
+    for c, backend in [(c, b) for c in imp["candidates"] for b in backends]:
+        label = f"original's µGraph [{c['index']}] ({backend})"
         g = graphs[c["index"]] if c["index"] < len(graphs) else None
         if g is None or g.canonical_hash != c["hash"]:
             out.append(
@@ -718,7 +741,7 @@ def _imported(entry: dict, peer: Path | None, quick: bool, interpret: bool) -> l
             continue
         g, mbm = shrink(g, path.stem) if quick else (g, benchmark_for(path.stem, _shapes(g)))
         try:
-            impl = lower(g, backend="pallas", interpret=interpret)
+            impl = lower(g, backend=backend, interpret=interpret)
             fn = jax.jit(lambda *xs, impl=impl: impl(*xs)[0])
         except Exception as e:
             out.append(
@@ -840,15 +863,25 @@ def _run_contender(c: dict, bm: Any, inputs: _Inputs, opts: dict) -> dict[str, A
     if not opts["timed"]:
         rec["status"] = "ok (not timed)"
         return rec
-    try:
-        t = profile.time_device(
-            c["fn"], lambda s: sets[s], chain=opts["chain"], repeats=opts["repeats"],
-            warmup=opts["warmup"], max_sets=len(sets),
-        )  # fmt: skip
-    except Exception as e:
-        rec["status"] = f"timing failed: {_err(e)}"
-        return rec
-    rec["time"] = {k: v for k, v in t.as_dict().items() if k not in ("method", "device")}
+    for i, method in enumerate(opts["methods"]):
+        try:
+            if method == "trace":
+                t = profile.time_trace(
+                    c["fn"], lambda s: sets[s], calls=opts["calls"], warmup=opts["warmup"],
+                    max_sets=len(sets),
+                )  # fmt: skip
+            else:
+                t = profile.time_device(
+                    c["fn"], lambda s: sets[s], chain=opts["chain"], repeats=opts["repeats"],
+                    warmup=opts["warmup"], max_sets=len(sets),
+                )  # fmt: skip
+        except Exception as e:
+            rec["status"] = f"timing failed ({method}): {_err(e)}"
+            return rec
+        skip = ("method", "device", "samples_us")
+        rec["time" if i == 0 else f"time_{method}"] = {
+            k: v for k, v in t.as_dict().items() if k not in skip
+        }
     rec["status"] = "ok" if rec["valid"] else "ok (float check failed: not counted)"
     rec["seconds"] = round(time.perf_counter() - t0, 2)
     return rec
@@ -879,6 +912,20 @@ def summarize(row: dict, bandwidth: float | None) -> dict:
     if bandwidth:
         row["floor_us"] = row["floor_bytes"] / bandwidth * 1e6
         row["fraction_of_floor"] = row["floor_us"] / _us(ours) if ours else None
+    row["vs_original"] = {}
+    for backend in ("pallas", "triton"):  # issue 6: same backend, same run
+
+        def best_of(kind: str, b: str = backend) -> dict | None:
+            timed = [c for c in cs if c["kind"] == kind and c["label"].endswith(f"({b})")]
+            timed = [c for c in timed if _us(c) is not None]
+            return min(timed, key=_us) if timed else None
+
+        o, i = best_of("ours"), best_of("imported")
+        if o and i:
+            row["vs_original"][backend] = {
+                "ours": o["label"], "ours_us": _us(o), "original": i["label"],
+                "original_us": _us(i), "ratio": _us(i) / _us(o),
+            }  # fmt: skip
     if imp:
         imp_xla = next((c for c in cs if c["kind"] == "imported_xla" and c.get("time")), None)
         row["imported_best"] = {
@@ -920,7 +967,9 @@ def _time_benchmark(entry: dict, ctx: dict) -> dict[str, Any]:
     # The order matters when the time limit cuts a run short: XLA, our first candidate and
     # the baselines first, so that every benchmark that is timed at all has a speedup.
     contenders = [base[0], ours[0], *base[1:], *ours[1:]]
-    contenders += _imported(entry, ctx["peer"], bool(entry.get("small")), ctx["interpret"])
+    contenders += _imported(
+        entry, ctx["peer"], bool(entry.get("small")), ctx["interpret"], ctx["backends"]
+    )
     row["contenders"] = [_run_contender(c, bm, ctx["inputs"], ctx) for c in contenders]
     ctx["inputs"].clear()
     row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -977,6 +1026,7 @@ def phase_time(args: argparse.Namespace) -> Path:
         "peer": find_peer(args.peer), "bandwidth": bandwidth, "inputs": _Inputs(n_sets),
         "chain": args.chain, "repeats": args.repeats, "warmup": args.warmup,
         "deadline": t_start + args.deadline_s, "triton_candidates": args.triton_candidates,
+        "methods": args.methods, "calls": args.calls,
     }  # fmt: skip
     machine = machine_name(device) if on_gpu else "cpu"
     stem = "quick" if plan.get("quick") else f"{machine}-{today()}"
@@ -1057,12 +1107,27 @@ def _method(args: argparse.Namespace, timed: bool) -> str:
             "not timed: --quick or no GPU; every contender is lowered (Pallas interpret mode on "
             "the CPU) and checked against the float64 reference only"
         )
+    described = {
+        "trace": (
+            f"mirage_jax.profile.time_trace (profiler trace): {args.calls} calls, each "
+            "dispatched and completed alone with rotating input sets, under jax.profiler.trace; "
+            "per call = the sum of the durations of the kernels the GPU ran (no launch gaps); "
+            f"{args.warmup} warm-up calls; median and p10/p90 over calls"
+        ),
+        "chained": (
+            f"mirage_jax.profile.time_device (chained): one jitted program calls the contender "
+            f"{args.chain + 1} times (calls ordered by lax.optimization_barrier; input sets "
+            f"rotate so the chain's working set exceeds 2x the L2), timed against 1 call; per "
+            f"call = (t({args.chain + 1}) - t(1)) / {args.chain}; {args.warmup} warm-up runs; "
+            f"median and p10/p90 over {args.repeats} repeats (includes launch gaps: it reads "
+            "several µs above the trace for small kernels, experiments/results/timing_check_*)"
+        ),
+    }
+    head, *others = args.methods
     return (
-        f"mirage_jax.profile.time_device (chained): one jitted program calls the contender "
-        f"{args.chain + 1} times (calls ordered by lax.optimization_barrier; input sets rotate "
-        f"so the chain's working set exceeds 2x the L2), timed against 1 call; per call = "
-        f"(t({args.chain + 1}) - t(1)) / {args.chain}; {args.warmup} warm-up runs; median and "
-        f"p10/p90 over {args.repeats} repeats. Layout changes a baseline needs (cuDNN/tokamax "
+        f"Headline: {described[head]}."
+        + "".join(f" Also recorded (time_{m}): {described[m]}." for m in others)
+        + " Layout changes a baseline needs (cuDNN/tokamax "
         "(B,T,N,H), Pallas decode (B,S,K,D)) are made once outside the timed program, on its "
         "inputs and (for the float check only) its output. Floors use the copy bandwidth "
         "measured in the same run."
@@ -1177,9 +1242,17 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--triton-candidates",
         type=int,
-        default=1,
-        help="time phase: candidates also lowered through jax-triton (default 1)",
+        default=9,
+        help="time phase: candidates also lowered through jax-triton (default 9: all)",
     )
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=("trace", "chained"),
+        default=["trace", "chained"],
+        help="time phase: timing methods, the first is the headline (default: trace chained)",
+    )
+    p.add_argument("--calls", type=int, default=30, help="calls per profiler trace")
     p.add_argument("--chain", type=int, default=32, help="calls per chained timing program")
     p.add_argument("--repeats", type=int, default=25, help="timing repeats (median, p10/p90)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
