@@ -60,7 +60,7 @@ Choices that differ from the original, and why (measurements on this 2-core CPU)
   step of a split stays a graph-defined kernel (`accum_sum_todimx` and a division, or the
   rescaling loop), where the original may use kn_reduction + kn_div. A deeper kernel-level
   DFS (the original's, over every op at every position) is what makes its searches take
-  hours; this one adds 0.1-1 s per benchmark (measured in docs/decisions.md).
+  hours; this one adds 0.2-1.5 s per benchmark at b=1 (docs/decisions.md).
 - The search returns µGraphs in cost order except that the best µGraphs of up to two other
   kernel-level plans (e.g. a GEMM + fused epilogue against one fused kernel) come right
   behind the best: the cost model ranks a cuBLAS GEMM against our tiles least reliably, and
