@@ -556,7 +556,9 @@ class BlockEnumerator:
             if L is not None:
                 if L not in x.partial or L in x.labels:
                     return "accumulator"
-                return BT(x.term, x.tile, x.labels, True, x.partial - {L})
+                # a loop over a split dimension sums the block's slice: still partial over it
+                done = {L} - frozenset(self.mapping.split)
+                return BT(x.term, x.tile, x.labels, True, x.partial - done)
             return BT(x.term, x.tile, x.labels, True, x.partial, transfer=True, epilogue=x.epilogue)
         lab = x.labels[-1]
         tile = (*x.tile[:-1], 1)

@@ -80,6 +80,10 @@ def _grid_choices(size: int, max_blocks: int, allow_one: bool) -> list[int]:
     return sorted(out)
 
 
+LATER_KERNEL_OPTIONS = 6
+"""Numbers kept for each graph-defined kernel after the first (see `numbers_for`)."""
+
+
 def numbers_for(
     s: Structure, sizes: Mapping[int, int], *, max_blocks: int = 4096, limit: int = 20000
 ) -> Iterator[Numbers]:
@@ -95,7 +99,8 @@ def numbers_for(
             continue
         m = spec.mapping
         k = len(per_kernel)
-        axis_choices = [_grid_choices(sizes[c], max_blocks, c not in m.split) for c in m.grid]
+        # largest grids first: where `limit` cuts, it cuts the grids that use the GPU least
+        axis_choices = [_grid_choices(sizes[c], max_blocks, c not in m.split)[::-1] for c in m.grid]
         options = []
         for grid in itertools.product(*axis_choices):
             if math.prod(grid) > max_blocks:
@@ -114,6 +119,12 @@ def numbers_for(
         for a, c in enumerate(m.grid):
             if c in m.split:
                 split_axis[c] = (k, a)
+        if per_kernel and len(options) > LATER_KERNEL_OPTIONS:
+            # A later kernel (a split's combine) multiplies the product; keep a spread of its
+            # options by block count so that `limit` reaches the first kernel's large grids.
+            options.sort(key=lambda o: (math.prod(o[0]), o))
+            step = (len(options) - 1) / (LATER_KERNEL_OPTIONS - 1)
+            options = [options[round(i * step)] for i in range(LATER_KERNEL_OPTIONS)]
         per_kernel.append(options)
     for n, combo in enumerate(itertools.product(*per_kernel)):
         if n >= limit:
