@@ -151,6 +151,8 @@ def test_gqa_split_over_kv_plus_combining_kernel(name):
         )
 
     any_graph(r, want)
+    # the original's form: split over KV and, inside each block, a loop over its KV slice
+    any_graph(r, lambda g: want(g) and kernels(g)[0].block_graph.forloop_range > 1)
     # and the one-kernel form with a loop over the KV length
     any_graph(
         r,
