@@ -330,6 +330,7 @@ def markdown(result: dict) -> str:
         + (
             " --quick (CPU rehearsal: interpret mode, NOT device time)." if result["quick"] else "."
         ),
+        *[f"Note: {n}" for n in result.get("notes", [])],
         "",
         "## Correctness: every distinct µGraph, both backends",
         "",
