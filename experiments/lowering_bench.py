@@ -15,6 +15,10 @@ Writes <out>/lowering_<device>.{json,md}. `--quick` is the CPU rehearsal (interp
 files, the two cheapest µGraphs per file, tiny timing), writing lowering_<device>_quick.*.
 
     python experiments/lowering_bench.py [--quick] [--workers 8] [--top 3] [--files gqa_bs1 ...]
+
+With many workers set OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1: the qknorm checks' float64
+references are BLAS-heavy, and 15 workers with a thread per core each ran 4x slower on the H100
+machine (238 µGraphs in 480 s; 332 in 108 s with one thread each).
 """
 
 from __future__ import annotations
