@@ -1086,7 +1086,12 @@ def _merge(results: dict, plan: dict, path: Path) -> None:
     order = {e["key"]: i for i, e in enumerate(plan["benchmarks"])}
     rows = results["benchmarks"] + [r for r in old["benchmarks"] if r["key"] not in done]
     results["benchmarks"] = sorted(rows, key=lambda r: order.get(r["key"], len(order)))
-    results["complete"] = results["complete"] and old.get("complete", False)
+    # complete when no row kept from either run was cut short by the time limit
+    results["complete"] = results["complete"] and not any(
+        "skipped: time limit" in c.get("status", "")
+        for r in results["benchmarks"]
+        for c in r.get("contenders", [])
+    )
     results["merged_from"] = {"file": path.name, "created": old.get("created"),
                               "seconds": old.get("seconds"), "bandwidth": old.get("bandwidth")}  # fmt: skip
 
