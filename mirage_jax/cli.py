@@ -33,7 +33,8 @@ ARG_HELP = (
     "(int, float, string, tuple), which is passed as a static value"
 )
 BACKEND_HELP = (
-    "kernel backend: auto (Pallas on a GPU, XLA elsewhere; default), pallas, triton, "
+    "kernel backend: auto (Triton via jax-triton on a GPU, else Pallas; XLA without a GPU; "
+    "default), pallas, triton, "
     "pallas-interpret (Pallas interpret mode, any machine, slow), reference (the µGraph's "
     "jnp evaluator, for testing), xla (never replace a region)"
 )

@@ -220,7 +220,7 @@ def test_gpu_kernel_level_mugraphs_match_jax_jit(name, tmp_path):
     bench, specs, xs = bench_f32(name)
     cache = Cache(tmp_path / "c.sqlite")
     inject(cache, only_region(bench.fn, *specs).program, MUGRAPHS[name], specs, "pallas")
-    f = mirage_jax.jit(bench.fn, search="cached", cache=cache)  # auto: Pallas on the GPU
+    f = mirage_jax.jit(bench.fn, backend="pallas", search="cached", cache=cache)
     check_kernel_path(f, bench, xs, GPU_TOL)
 
 
@@ -232,9 +232,33 @@ def test_gpu_graph_defined_pallas_kernels_match_jax_jit(name, build, tmp_path):
     bench, specs, xs = bench_f32(name)
     cache = Cache(tmp_path / "c.sqlite")
     inject(cache, only_region(bench.fn, *specs).program, build, specs, "pallas")
-    f = mirage_jax.jit(bench.fn, search="cached", cache=cache)
+    f = mirage_jax.jit(bench.fn, backend="pallas", search="cached", cache=cache)
     check_kernel_path(f, bench, xs, GPU_TOL)
     assert "pallas_call" in str(jax.make_jaxpr(f)(*xs))
+
+
+def test_auto_backend_prefers_triton_where_jax_triton_imports(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: object() if n == "jax_triton" else real(n, *a)
+    )
+    assert api.gpu_default_backend() == "triton"
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "jax_triton" else real(n, *a)
+    )
+    assert api.gpu_default_backend() == "pallas"
+
+
+@pytest.mark.gpu
+def test_gpu_auto_backend_runs_triton_kernels(tmp_path):
+    pytest.importorskip("jax_triton")
+    bench, specs, xs = bench_f32("rmsnorm")
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, rmsnorm_block_graph, specs, "triton")
+    f = mirage_jax.jit(bench.fn, search="cached", cache=cache)  # auto: triton here
+    check_kernel_path(f, bench, xs, GPU_TOL)
 
 
 @pytest.mark.gpu
@@ -248,7 +272,7 @@ def test_gpu_transformer_block_with_a_pallas_kernel(tmp_path):
     (mlp,) = [r for r in part.regions if "logistic" in r.program.op_counts()]
     mlp_specs = [jax.ShapeDtypeStruct(s, d) for s, d in mlp.program.input_avals]
     inject(cache, mlp.program, mlp_mugraph, mlp_specs, "pallas")
-    f = mirage_jax.jit(transformer_block, search="cached", cache=cache)
+    f = mirage_jax.jit(transformer_block, backend="pallas", search="cached", cache=cache)
     check_block(f, params, x, pad, GPU_TOL)
     assert (f.stats.kernels, f.stats.captures) == (1, 1)
 
