@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -440,3 +441,25 @@ def test_retiles_a_matmul_whose_tiles_overflow_shared_memory():
 def test_no_retiling_when_the_split_changes_the_meaning():
     with pytest.raises(LoweringError, match=r"shared memory.*no valid re-tiling"):
         lower(_big_k_graph(with_max=True))
+
+
+def test_sequential_batching_runs_the_kernel_unbatched_under_vmap():
+    from mirage_jax.lower.kernel_graph import sequential_batching
+
+    seen = []
+
+    def kernel(x, w):
+        seen.append(x.shape)
+        assert x.ndim == 2  # never called on a batch
+        return [jnp.tanh(x @ w), x.sum(axis=0)]
+
+    f = sequential_batching(kernel)
+    x = np.random.default_rng(0).standard_normal((5, 3, 4)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((4, 2)).astype(np.float32)
+    got = jax.vmap(f, in_axes=(0, None))(x, w)
+    np.testing.assert_allclose(got[0], np.tanh(x @ w), rtol=1e-5)
+    np.testing.assert_allclose(got[1], x.sum(axis=1), rtol=1e-5)
+    assert all(s == (3, 4) for s in seen)
+    got = jax.vmap(jax.vmap(f, in_axes=(0, None)), in_axes=(None, 0))(x, np.stack([w, 2 * w]))
+    np.testing.assert_allclose(got[0][1], np.tanh(x @ (2 * w)), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(f)(x[0], w)[0], np.tanh(x[0] @ w), rtol=1e-5)
