@@ -57,11 +57,21 @@ def newest_results(directory: str | Path | None = None) -> Path | None:
     return max(good, key=lambda p: (p.stat().st_mtime, p.name)) if good else None
 
 
+def _created(path: Path) -> str:
+    """A results file's creation time as written in it ("" when unreadable): file names of
+    one day (`h100-<date>.json`, `h100-<date>-final.json`) do not sort by time."""
+    try:
+        return str(json.loads(path.read_text()).get("created") or "")
+    except (OSError, ValueError):
+        return ""
+
+
 def load_results(path: str | Path | None = None) -> tuple[dict[str, Any], Path]:
-    """A results file and its path: `path`, else the newest H100 file, else the newest one."""
+    """A results file and its path: `path`, else the newest H100 run (by its `created`
+    time), else the newest file."""
     if path is None:
-        h100 = sorted(RESULTS.glob("h100-*.json"))
-        path = h100[-1] if h100 else newest_results(RESULTS)
+        h100 = [(_created(p), p) for p in RESULTS.glob("h100-*.json")]
+        path = max(h100)[1] if h100 else newest_results(RESULTS)
     if path is None:
         raise FileNotFoundError(f"no results file in {RESULTS}; run experiments/reproduce.py")
     path = Path(path)
