@@ -1,0 +1,52 @@
+"""What the decorator asks of its environment: one warning per cause, the device."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+
+import lax_ir
+
+
+class MirageWarning(UserWarning):
+    """mirage_jax ran (part of) a function as plain XLA; the message says why."""
+
+
+_WARNED: set[str] = set()
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import os
+
+    import mirage_jax
+
+    dirs = [jax.__file__, lax_ir.__file__, mirage_jax.__file__, functools.__file__]
+    return tuple(os.path.dirname(os.path.abspath(d)) for d in dirs)
+
+
+def warn_once(key: str, message: str) -> None:
+    """Warn with `message` the first time `key` is seen in this process.
+
+    The warning points at the first frame outside jax, lax_ir and mirage_jax (the user's call).
+    """
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(message, MirageWarning, stacklevel=2, skip_file_prefixes=_library_dirs())
+
+
+def has_gpu() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return False
+
+
+def device_kind() -> str:
+    """The default device's kind, e.g. "NVIDIA H100 80GB HBM3" or "cpu"."""
+    try:
+        return str(jax.devices()[0].device_kind)
+    except (RuntimeError, IndexError):
+        return "unknown"

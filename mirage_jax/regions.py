@@ -1,0 +1,215 @@
+"""One Lax region's replacement: search and select a µGraph, lower it, wrap it for autodiff.
+
+`search_region` runs the search and `search.select` (in a fresh thread: it is called at trace
+time) and returns what the cache stores; `region_kernel` lowers a chosen µGraph for a backend
+and wraps it as a `jax.custom_vjp` whose backward pass is the XLA vjp of the region. Used by
+`mirage_jax.api`; every failure is returned as a reason (the region then runs as XLA).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+import lax_ir
+from mirage_jax._env import device_kind, has_gpu, warn_once
+
+
+def gpu_default_backend() -> str:
+    """What backend="auto" lowers to on a GPU: jax-triton where it imports, else Pallas.
+
+    On the H100 (experiments/results/h100-2026-11-21-final.md) the best searched µGraph through
+    our Triton source was never more than 2% slower than through Pallas and faster on 12 of 21
+    benchmarks (attention at b=8/16 by 1.5-1.7x); Pallas is the fallback when jax-triton is
+    not installed (the `gpu` extra).
+    """
+    import importlib.util
+
+    return "triton" if importlib.util.find_spec("jax_triton") is not None else "pallas"
+
+
+def effective_backend(backend: str) -> tuple[str | None, str]:
+    """The backend kernels are lowered for, or (None, why every region stays XLA)."""
+    if backend == "xla":
+        return None, "backend='xla'"
+    if backend in ("pallas-interpret", "reference"):
+        return backend, ""
+    if has_gpu():
+        return (gpu_default_backend() if backend == "auto" else backend), ""
+    warn_once(
+        "no-gpu",
+        f"no GPU: mirage_jax.jit runs the XLA path (backend={backend!r} needs a GPU); "
+        "pass backend='pallas-interpret' to run the kernels in Pallas interpret mode "
+        "(slow, for testing)",
+    )
+    return None, "no GPU (backend='pallas-interpret' runs kernels in interpret mode)"
+
+
+class SearchUnavailable(RuntimeError):
+    """The search cannot run here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """A region's search result as stored: the chosen µGraph, or None when XLA is best."""
+
+    mugraph: Any
+    mugraph_json: str | None
+    verdict_json: str | None
+    timings: Mapping[str, Any]
+    reason: str
+    cacheable: bool = True  # False where a failure may not recur (nothing lowered, say)
+
+
+def search_region(program: Any, opts: Any, backend: str) -> SearchOutcome:
+    """Search µGraphs for one region and select the fastest verified one, or XLA.
+
+    `mirage_jax.search.select` chooses: each candidate is verified again at full size (the
+    record keeps the output matching) and must pass a float64 check (`FLOAT_TOL`). On a GPU
+    the top `time_top` (option, default 4) are timed against XLA, which wins ties. Without a
+    GPU (pallas-interpret, reference) nothing is timed: the cost model's best that passes wins.
+    """
+    try:
+        from mirage_jax import search as search_mod
+    except ImportError as e:
+        raise SearchUnavailable(f"mirage_jax.search is not available ({e})") from e
+
+    # We are called at trace time; JAX's trace state is per thread, so a fresh thread runs
+    # the candidates (and times them) eagerly instead of staging them into this trace.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirage_jax-select") as pool:
+        return pool.submit(_search_and_select, search_mod, program, opts, backend).result()
+
+
+def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -> SearchOutcome:
+    from mirage_jax.cache import mugraph_to_json, verification_record
+    from mirage_jax.profile import time_device
+    from mirage_jax.search.select import FLOAT_TOL, random_inputs
+
+    try:
+        result = search_mod.search(
+            program,
+            budget=search_mod.Budget(time_s=opts.budget_s),
+            seed=opts.seed,
+            workers=opts.workers,
+            progress=opts.progress,
+        )
+    except search_mod.SearchError as e:
+        return SearchOutcome(None, None, None, {}, f"outside the search's fragment: {e}")
+    if not result.mugraphs:
+        return SearchOutcome(None, None, None, {}, result.message or result.stop_reason)
+    timed = has_gpu() and backend in ("pallas", "triton")
+    xs = random_inputs(program, opts.seed)
+
+    def timer(fn: Callable[..., Any], _: Any) -> tuple[float, str]:
+        t = time_device(fn, xs, chain=16, repeats=9)
+        return float(t.median_us), "mirage_jax.profile.time_device"
+
+    sel = search_mod.select(
+        result,
+        program,
+        backend=backend,
+        top=int(opts.options.get("time_top", 4)) if timed else None,
+        tie=0.0,
+        timer=timer,
+        timed=timed,
+        inputs=lambda _: xs,
+        rtol=FLOAT_TOL,
+        lower=lambda g, backend: jax.jit(lower_mugraph(g, backend, opts.lower_config)),
+        verify_trials=3,
+        seed=opts.seed,
+    )
+    t = {"device": device_kind(), "search": result.message}
+    if timed and sel.passed:
+        t |= {"xla_us": sel.xla_us, "mugraph_us": sel.fastest_us, "method": sel.method}
+    chosen = sel.chosen
+    if chosen is None:  # cacheable only if some µGraph passed (lost to XLA)
+        return SearchOutcome(None, None, None, t, sel.reason, cacheable=bool(sel.passed))
+    if not timed:
+        t |= {"estimated_us": chosen.estimate_us, "method": sel.method}
+    g = chosen.mugraph
+    record = verification_record(program.canonical_hash, g.canonical_hash, chosen.verdict)
+    return SearchOutcome(g, mugraph_to_json(g), record, t, sel.reason)
+
+
+def region_kernel(decision: Any, region: Any, backend: str, lower_config: Any) -> Callable | str:
+    """The region's replacement (a custom_vjp around the lowered µGraph), or why not."""
+    program = region.program
+    try:
+        impl = lower_mugraph(decision.mugraph, backend, lower_config)
+    except Exception as e:
+        warn_once(
+            f"lower:{decision.cache_key}:{backend}",
+            f"mirage_jax: could not lower the µGraph of region {region.index} for "
+            f"{backend} ({type(e).__name__}: {e}); it runs as XLA",
+        )
+        return f"lowering failed ({type(e).__name__}: {e})"
+    order = (decision.verification or {}).get("output_order")
+    order = list(order) if order else list(range(len(program.outputs)))
+
+    def ordered(*xs: Any) -> list[Any]:
+        outs = list(impl(*xs))
+        return [outs[i] for i in order]
+
+    specs = [jax.ShapeDtypeStruct(s, d) for s, d in program.input_avals]
+    try:
+        got = [(tuple(o.shape), str(o.dtype)) for o in jax.eval_shape(ordered, *specs)]
+    except Exception as e:
+        warn_once(
+            f"lower-shape:{decision.cache_key}:{backend}",
+            f"mirage_jax: the lowered µGraph of region {region.index} fails to trace "
+            f"({type(e).__name__}: {e}); it runs as XLA",
+        )
+        return f"lowered kernel fails to trace ({type(e).__name__})"
+    want = [(tuple(s), str(d)) for s, d in program.output_avals]
+    if got != want:
+        warn_once(
+            f"lower-avals:{decision.cache_key}:{backend}",
+            f"mirage_jax: the lowered µGraph of region {region.index} returns {got}, the region "
+            f"{want}; it runs as XLA",
+        )
+        return "lowered kernel has the wrong output shapes/dtypes"
+    return with_xla_vjp(ordered, program)
+
+
+def lower_mugraph(
+    mugraph: Any, backend: str, lower_config: Any = None
+) -> Callable[..., Sequence[Any]]:
+    """The µGraph as a JAX function for a `mirage_jax.jit` backend (not "auto"/"xla")."""
+    if backend == "reference":
+        from mirage_jax.mugraph import evaluate
+
+        return functools.partial(evaluate, mugraph)
+    try:
+        from mirage_jax.lower import lower
+    except ImportError as e:
+        raise RuntimeError(f"mirage_jax.lower is not available ({e})") from e
+    if backend == "pallas-interpret":
+        return lower(mugraph, backend="pallas", config=lower_config, interpret=True)
+    return lower(mugraph, backend=backend, config=lower_config)
+
+
+def with_xla_vjp(impl: Callable[..., Sequence[Any]], program: Any) -> Callable[..., list[Any]]:
+    """`impl` as a custom_vjp whose backward pass is the XLA vjp of `program`."""
+
+    @jax.custom_vjp
+    def kernel(*xs: Any) -> tuple[Any, ...]:
+        return tuple(impl(*xs))
+
+    def fwd(*xs: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return tuple(impl(*xs)), xs
+
+    def bwd(xs: tuple[Any, ...], cts: tuple[Any, ...]) -> tuple[Any, ...]:
+        _, vjp = jax.vjp(lambda *a: tuple(lax_ir.evaluate(program, *a)), *xs)
+        return vjp(tuple(cts))
+
+    kernel.defvjp(fwd, bwd)
+    return lambda *xs: list(kernel(*xs))
+
+
+# ---------------------------------------------------------------------- public entry points
