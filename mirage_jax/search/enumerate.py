@@ -75,16 +75,22 @@ class BT:
 
 
 @dataclass
-class Counters:
+class PruneCounts:
+    """Candidates pruned, by reason."""
+
+    pruned: dict[str, int] = field(default_factory=dict)
+
+    def prune(self, why: str) -> None:
+        self.pruned[why] = self.pruned.get(why, 0) + 1
+
+
+@dataclass
+class Counters(PruneCounts):
     """What the enumeration did (merged into the search statistics)."""
 
     nodes: int = 0
     generated: int = 0
     closed: int = 0
-    pruned: dict[str, int] = field(default_factory=dict)
-
-    def prune(self, why: str) -> None:
-        self.pruned[why] = self.pruned.get(why, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -457,28 +463,13 @@ class BlockEnumerator:
         if name in NONLINEAR_UNARY and x.partial:
             return "partial"
         t = x.term
-        if name == "exp":
-            term = E.exp(t)
-        elif name == "square":
-            term = E.mul(t, t)
-        elif name == "sqrt":
-            term = E.fn("sqrt", t)
-        elif name == "sigmoid":
-            term = E.fn("logistic", t)
-        elif name == "silu":
-            term = E.mul(t, E.fn("logistic", t))
-        elif name == "mul_scalar" and isinstance(params["scalar"], tuple):
-            term = E.div(t, E.count(params["scalar"][1]))  # 1/n of a mean: ("inv_size", k)
-        elif name == "mul_scalar":
-            term = E.mul(t, E.const(params["scalar"]))
-        elif name == "add_scalar":
-            term = E.add(t, E.const(params["scalar"]))
-        elif name == "rms_norm":
+        term = E.elementwise(name, t, params)
+        if term is None and name == "rms_norm":
             lab = x.labels[-1]
             if x.partial or lab is None or lab in self.pclasses or is_stack(lab):
                 return "partial"
             term = E.div(t, E.rms(lab, t, params.get("eps")))
-        elif name in ("reduce_sum", "reduce_max"):
+        elif term is None and name in ("reduce_sum", "reduce_max"):
             d = params["dim"]
             lab = x.labels[d]
             if is_stack(lab):
@@ -491,7 +482,7 @@ class BlockEnumerator:
                 return BT(E.shift(lab, t), tile, labels, x.post, shift=True, varies=varies)
             partial = x.partial | ({lab} & self.pclasses)
             return BT(E.red(lab, t), tile, labels, x.post, frozenset(partial), shifted=x.shifted)
-        else:
+        elif term is None:
             return "vocabulary"
         return BT(term, tile, x.labels, x.post, x.partial, shifted=x.shifted)
 

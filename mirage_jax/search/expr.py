@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -654,3 +654,25 @@ def _antichain(sets: list[frozenset], limit: int) -> list[frozenset]:
         if not any(o <= s for o in out):
             out.append(s)
     return out[:limit]
+
+
+def elementwise(name: str, t: Any, params: Mapping[str, Any]) -> Any | None:
+    """The term of elementwise op `name` on term `t` (the block and kernel levels share it);
+    None for ops that are not elementwise on one argument."""
+    if name == "exp":
+        return exp(t)
+    if name == "square":
+        return mul(t, t)
+    if name == "sqrt":
+        return fn("sqrt", t)
+    if name == "sigmoid":
+        return fn("logistic", t)
+    if name == "silu":
+        return mul(t, fn("logistic", t))
+    if name == "mul_scalar" and isinstance(params["scalar"], tuple):
+        return div(t, count(params["scalar"][1]))  # 1/n of a mean: ("inv_size", k)
+    if name == "mul_scalar":
+        return mul(t, const(params["scalar"]))
+    if name == "add_scalar":
+        return add(t, const(params["scalar"]))
+    return None

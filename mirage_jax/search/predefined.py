@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mirage_jax.search import expr as E
+from mirage_jax.search.enumerate import PruneCounts
 from mirage_jax.search.structure import KernelSpec, KTensor
 
 # rank of kernel-level ops in the canonical order
@@ -70,16 +71,12 @@ class Prefix:
 
 
 @dataclass
-class KernelCounters:
+class KernelCounters(PruneCounts):
     """What the kernel-level enumeration did (reported as `stats["predefined"]`)."""
 
     generated: int = 0
     kept: int = 0
     prefixes: int = 0
-    pruned: dict[str, int] = field(default_factory=dict)
-
-    def prune(self, why: str) -> None:
-        self.pruned[why] = self.pruned.get(why, 0) + 1
 
 
 def _ref_name(ref) -> str:
@@ -199,32 +196,17 @@ class KernelEnumerator:
         (x,) = ts
         t = x.term
         labels = x.labels
-        if name == "reduce_sum":
+        term = E.elementwise(name, t, params)
+        if term is None and name == "reduce_sum":
             d = params["dim"]
             term = E.red(labels[d], t)
             labels = (*labels[:d], None, *labels[d + 1 :])
-        elif name == "exp":
-            term = E.exp(t)
-        elif name == "square":
-            term = E.mul(t, t)
-        elif name == "sqrt":
-            term = E.fn("sqrt", t)
-        elif name == "sigmoid":
-            term = E.fn("logistic", t)
-        elif name == "silu":
-            term = E.mul(t, E.fn("logistic", t))
-        elif name == "mul_scalar" and isinstance(params["scalar"], tuple):
-            term = E.div(t, E.count(params["scalar"][1]))
-        elif name == "mul_scalar":
-            term = E.mul(t, E.const(params["scalar"]))
-        elif name == "add_scalar":
-            term = E.add(t, E.const(params["scalar"]))
-        elif name == "rms_norm":
+        elif term is None and name == "rms_norm":
             lab = labels[-1] if labels else None
             if lab is None:
                 return "labels"
             term = E.div(t, E.rms(lab, t, params.get("eps")))
-        else:
+        elif term is None:
             return "vocabulary"
         return KTensor(ref, term, labels, "")
 

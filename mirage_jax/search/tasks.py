@@ -40,6 +40,22 @@ class SearchError(ValueError):
 
 
 # ---------------------------------------------------------------------------- problem
+def _export_inputs(state: dict) -> dict:
+    """A picklable copy of `state`: term ids are per process, so send the input terms."""
+    state = dict(state)
+    state["inputs"] = tuple((t, E.export(t.term)) for t in state["inputs"])
+    return state
+
+
+def _import_inputs(state: dict) -> dict:
+    """`_export_inputs` undone in this process (terms re-interned)."""
+    state = dict(state)
+    state["inputs"] = tuple(
+        dataclasses.replace(t, term=E.import_(term)) for t, term in state["inputs"]
+    )
+    return state
+
+
 @dataclass
 class Problem:
     """Everything a task needs (pickled once per worker)."""
@@ -59,17 +75,11 @@ class Problem:
     max_outputs: int
     shrunk: bool
 
-    def __getstate__(self):  # term ids are per process: send the terms themselves
-        state = dict(self.__dict__)
-        state["inputs"] = tuple((t, E.export(t.term)) for t in self.inputs)
-        return state
+    def __getstate__(self):
+        return _export_inputs(self.__dict__)
 
     def __setstate__(self, state):
-        state = dict(state)
-        state["inputs"] = tuple(
-            dataclasses.replace(t, term=E.import_(term)) for t, term in state["inputs"]
-        )
-        self.__dict__.update(state)
+        self.__dict__.update(_import_inputs(state))
 
 
 @dataclass(frozen=True)
@@ -93,17 +103,11 @@ class Task:
     epilogue: frozenset = frozenset()
     group: int = 0
 
-    def __getstate__(self):  # term ids are per process: send the terms themselves
-        state = dict(self.__dict__)
-        state["inputs"] = tuple((t, E.export(t.term)) for t in self.inputs)
-        return state
+    def __getstate__(self):
+        return _export_inputs(self.__dict__)
 
     def __setstate__(self, state):
-        state = dict(state)
-        state["inputs"] = tuple(
-            dataclasses.replace(t, term=E.import_(term)) for t, term in state["inputs"]
-        )
-        for k, v in state.items():
+        for k, v in _import_inputs(state).items():
             object.__setattr__(self, k, v)
 
 
