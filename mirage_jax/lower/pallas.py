@@ -63,6 +63,7 @@ class OpCtx:
     args: tuple[int, ...]
     params: dict
     config: PallasConfig
+    drop: int = 0  # leading unit dims squeezed out of every tile in the kernel (`squeezed`)
 
     @property
     def dtype(self) -> Any:
@@ -70,7 +71,7 @@ class OpCtx:
 
     @property
     def pad(self) -> tuple[int, ...]:
-        return self.plan.pads[self.t]
+        return self.plan.pads[self.t][self.drop :]
 
     @property
     def eps(self) -> np.float32:
@@ -78,7 +79,11 @@ class OpCtx:
         return np.float32(self.params.get("eps") or 0.0)
 
     def arg_tile(self, i: int) -> tuple[int, ...]:
-        return self.plan.tile(self.args[i])
+        return self.plan.tile(self.args[i])[self.drop :]
+
+    def axis(self, dim: int) -> int:
+        """A block op's `dim` param (over the full-rank tile) as an axis of the squeezed value."""
+        return dim % len(self.plan.pads[self.t]) - self.drop
 
     def masked(self, x: jax.Array, i: int, dims: tuple[int, ...], fill: float) -> jax.Array:
         """`x` (the value of arg i) with its padded lanes along `dims` set to `fill`."""
@@ -86,8 +91,8 @@ class OpCtx:
         keep = None
         for d in dims:
             d %= len(x.shape)
-            if self.plan.masked(a, d):
-                m = jax.lax.broadcasted_iota(jnp.int32, x.shape, d) < self.plan.tile(a)[d]
+            if self.plan.masked(a, d + self.drop):
+                m = jax.lax.broadcasted_iota(jnp.int32, x.shape, d) < self.arg_tile(i)[d]
                 keep = m if keep is None else keep & m
         return x if keep is None else jnp.where(keep, x, jnp.asarray(fill, x.dtype))
 
@@ -182,13 +187,13 @@ def _concat_matmul(ctx: OpCtx, a, b, c, d) -> jax.Array:
 
 @registry.register(BACKEND, "reduce_sum")
 def _reduce_sum(ctx: OpCtx, x: jax.Array) -> jax.Array:
-    d = ctx.params["dim"] % x.ndim
+    d = ctx.axis(ctx.params["dim"])
     return jnp.sum(ctx.masked(_f32(x), 0, (d,), 0), axis=d, keepdims=True)
 
 
 @registry.register(BACKEND, "reduce_max")
 def _reduce_max(ctx: OpCtx, x: jax.Array) -> jax.Array:
-    d = ctx.params["dim"] % x.ndim
+    d = ctx.axis(ctx.params["dim"])
     return jnp.max(ctx.masked(_f32(x), 0, (d,), -jnp.inf), axis=d, keepdims=True)
 
 
@@ -203,7 +208,7 @@ def _rms_norm(ctx: OpCtx, x: jax.Array) -> jax.Array:
 def _concat(ctx: OpCtx, a: jax.Array, b: jax.Array) -> jax.Array:
     # Triton cannot concatenate register tiles; stack on a new last axis (tl.join), move it in
     # front of the concat dim and merge: out[.., s·n + j, ..] = (a, b)[s][.., j, ..].
-    d = ctx.params["dim"] % a.ndim
+    d = ctx.axis(ctx.params["dim"])
     s = jnp.stack([_f32(a), _f32(b)], axis=-1)
     perm = (*range(d), a.ndim, *range(d, a.ndim))
     s = jnp.transpose(s, perm)
@@ -285,6 +290,28 @@ registry.add(
 
 
 # ---------------------------------------------------------------------------- the kernel
+def squeezed(plan: KernelPlan) -> int:
+    """How many leading dims are 1 in every tile of the kernel (kept to rank >= 2).
+
+    Those dims are squeezed out of the kernel's view (BlockSpec `None`): on the GPU, tiles
+    carried at full rank (1×64×64 accumulators fed by reshaped dots) cost layout conversions
+    every loop step; the same kernel on 2-D tiles ran 1.5x faster (experiments/pallas_probe.py).
+    """
+    ranks = {len(p) for p in plan.pads}
+    if len(ranks) != 1:
+        return 0
+    (rank,) = ranks
+    k = 0
+    while k < rank - 2 and all(p[k] == 1 for p in plan.pads):
+        dims = [*plan.inputs, *plan.outputs]
+        if any(d[k].masked or d[k].loop or d[k].pad != 1 for d in dims if len(d) == rank):
+            break
+        if any(len(d) != rank for d in dims):
+            break
+        k += 1
+    return k
+
+
 def _index(dims, pids, it) -> tuple[tuple[Any, ...], tuple[int, ...]]:
     """Ref indexer of one tile (and the dims that need masks) at iteration `it`."""
     idx: list[Any] = []
@@ -304,7 +331,7 @@ def _index(dims, pids, it) -> tuple[tuple[Any, ...], tuple[int, ...]]:
 
 
 def _mask(dims, masked) -> jax.Array | None:
-    shape = tuple(d.pad for d in dims)
+    shape = tuple(d.pad for d in dims)  # `dims` and `masked` as the kernel sees them
     keep = None
     for d in masked:
         m = jax.lax.broadcasted_iota(jnp.int32, shape, d) < dims[d].tile
@@ -317,22 +344,26 @@ def _kernel(*refs: Any, plan: KernelPlan, config: PallasConfig) -> None:
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     pids = [pl.program_id(a) for a in range(len(plan.grid))]
     bg = plan.bg
+    drop = squeezed(plan)
+
+    def view(dims, it):
+        idx, masked = _index(dims, pids, it)
+        return idx[drop:], tuple(d - drop for d in masked), dims[drop:]
 
     def load(k: int, it) -> jax.Array:
-        dims = plan.inputs[k]
-        idx, masked = _index(dims, pids, it)
+        idx, masked, dims = view(plan.inputs[k], it)
         if masked:
             return plt.load(in_refs[k].at[idx], mask=_mask(dims, masked), other=0)
         return in_refs[k][idx]
 
     def ctx_of(t: int) -> OpCtx:
         op = plan.op(t)
-        return OpCtx(plan, t, op.args, dict(op.params), config)
+        return OpCtx(plan, t, op.args, dict(op.params), config, drop)
 
     def compute(t: int, env: dict) -> None:
         op = plan.op(t)
         val = registry.rule(BACKEND, op.op)(ctx_of(t), *[env[a] for a in op.args])
-        if tuple(val.shape) != plan.pads[t]:
+        if tuple(val.shape) != plan.pads[t][drop:]:
             raise LoweringError(
                 f"internal: block op {t - n_in} ({op.op}) produced {val.shape}, planned {plan.pads[t]}"
             )
@@ -387,15 +418,16 @@ def _kernel(*refs: Any, plan: KernelPlan, config: PallasConfig) -> None:
     for j, o in enumerate(bg.outputs):
         dims = plan.outputs[j]
         val = post[o.arg].astype(out_refs[j].dtype)
-        idx, masked = _index(dims, pids, 0)
+        idx, masked, dims = view(dims, 0)
         if masked:
             plt.store(out_refs[j].at[idx], val, mask=_mask(dims, masked))
         else:
             out_refs[j][idx] = val
 
 
-def _block_spec(dims, n_axes: int) -> pl.BlockSpec:
+def _block_spec(dims, n_axes: int, drop: int = 0) -> pl.BlockSpec:
     shape = tuple(d.size if d.masked else d.extent for d in dims)
+    shape = (*(None,) * drop, *shape[drop:])  # squeezed: indexed by the grid, not in the kernel
     axes = tuple(None if d.masked else d.axis for d in dims)
 
     def index_map(*pids):
@@ -427,12 +459,13 @@ def build_kernel(
     except LoweringError as e:
         raise LoweringError(f"{where}: {e}") from None
     out_dtypes = [plan.dtype(o.arg) for o in plan.bg.outputs]
+    drop = squeezed(plan)
     call = pl.pallas_call(
         functools.partial(_kernel, plan=plan, config=config),
         out_shape=[jax.ShapeDtypeStruct(s, dt) for s, dt in zip(plan.output_shapes, out_dtypes)],
         grid=plan.grid,
-        in_specs=[_block_spec(dims, n_axes) for dims in plan.inputs],
-        out_specs=[_block_spec(dims, n_axes) for dims in plan.outputs],
+        in_specs=[_block_spec(dims, n_axes, drop) for dims in plan.inputs],
+        out_specs=[_block_spec(dims, n_axes, drop) for dims in plan.outputs],
         compiler_params=plt.CompilerParams(num_warps=config.num_warps, num_stages=stages),
         interpret=interpret,
         name=f"mugraph_kernel_{hashlib.sha1(repr(plan.bg).encode()).hexdigest()[:10]}",
