@@ -108,9 +108,9 @@ def fast_exp(x: jax.Array) -> jax.Array:
     """exp(x) as exp2(x·log2 e), what Triton's own tl.exp does.
 
     Pallas lowers an fp32 `jnp.exp` to libdevice's accurate `__nv_expf`, but `jnp.exp2` to
-    `__nv_exp2f`, one MUFU.EX2 instruction: on the H100 the exp-heavy attention kernels ran
-    1.7-1.9× slower with `jnp.exp` (experiments/results/timing_check_2026-11-21.md). The
-    extra rounding of x·log2 e is a relative error below |x|·2^-24, far under fp16's.
+    `__nv_exp2f`, one MUFU.EX2 instruction: a few percent on the H100's attention kernels
+    (7.5 -> 7.2 µs for gqa_bs1[25]'s first kernel; docs/perf_log.md). The extra rounding of
+    x·log2 e is a relative error below |x|·2^-24, far under fp16's.
     """
     return jnp.exp2(x * LOG2E)
 
@@ -297,17 +297,17 @@ def squeezed(plan: KernelPlan) -> int:
     carried at full rank (1×64×64 accumulators fed by reshaped dots) cost layout conversions
     every loop step; the same kernel on 2-D tiles ran 1.5x faster (experiments/pallas_probe.py).
     """
-    ranks = {len(p) for p in plan.pads}
+    dims = [*plan.inputs, *plan.outputs]
+    ranks = {len(p) for p in plan.pads} | {len(d) for d in dims}
     if len(ranks) != 1:
         return 0
     (rank,) = ranks
     k = 0
-    while k < rank - 2 and all(p[k] == 1 for p in plan.pads):
-        dims = [*plan.inputs, *plan.outputs]
-        if any(d[k].masked or d[k].loop or d[k].pad != 1 for d in dims if len(d) == rank):
-            break
-        if any(len(d) != rank for d in dims):
-            break
+    while (
+        k < rank - 2
+        and all(p[k] == 1 for p in plan.pads)
+        and not any(d[k].masked or d[k].loop or d[k].pad != 1 for d in dims)
+    ):
         k += 1
     return k
 
@@ -339,12 +339,11 @@ def _mask(dims, masked) -> jax.Array | None:
     return keep
 
 
-def _kernel(*refs: Any, plan: KernelPlan, config: PallasConfig) -> None:
+def _kernel(*refs: Any, plan: KernelPlan, config: PallasConfig, drop: int) -> None:
     n_in = plan.n_in
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     pids = [pl.program_id(a) for a in range(len(plan.grid))]
     bg = plan.bg
-    drop = squeezed(plan)
 
     def view(dims, it):
         idx, masked = _index(dims, pids, it)
@@ -461,7 +460,7 @@ def build_kernel(
     out_dtypes = [plan.dtype(o.arg) for o in plan.bg.outputs]
     drop = squeezed(plan)
     call = pl.pallas_call(
-        functools.partial(_kernel, plan=plan, config=config),
+        functools.partial(_kernel, plan=plan, config=config, drop=drop),
         out_shape=[jax.ShapeDtypeStruct(s, dt) for s, dt in zip(plan.output_shapes, out_dtypes)],
         grid=plan.grid,
         in_specs=[_block_spec(dims, n_axes, drop) for dims in plan.inputs],
