@@ -444,7 +444,7 @@ def test_no_retiling_when_the_split_changes_the_meaning():
 
 
 def test_sequential_batching_runs_the_kernel_unbatched_under_vmap():
-    from mirage_jax.lower.kernel_graph import sequential_batching
+    from mirage_jax.lower.triton import sequential_batching
 
     seen = []
 

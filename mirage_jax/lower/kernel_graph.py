@@ -202,8 +202,6 @@ def lower(
         i: mod.build_kernel(p, config, interpret=interpret, where=f"kernel op {i} (graph_defined)")
         for i, p in plans.items()
     }
-    if backend == "triton":  # jax-triton's custom call has no batching rule
-        kernels = {i: sequential_batching(k) for i, k in kernels.items()}
     shapes = mugraph.shapes
     ops = mugraph.ops
     inputs = mugraph.inputs
@@ -233,32 +231,6 @@ def lower(
 
     run.__name__ = f"mugraph_{mugraph.canonical_hash[:12]}_{backend}"
     return jax.jit(run)
-
-
-def sequential_batching(kernel: Callable[..., Sequence[jax.Array]]) -> Callable[..., list]:
-    """`kernel` with a vmap rule that runs it once per batch element (`lax.map`).
-
-    For kernels whose primitive cannot be batched (jax-triton's `triton_call`): under `vmap`
-    the kernel still runs, element by element, over the batched arguments; the unbatched ones
-    are closed over, not broadcast.
-    """
-
-    @jax.custom_batching.custom_vmap
-    def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
-        return tuple(kernel(*xs))
-
-    @call.def_vmap
-    def rule(axis_size: int, in_batched: Sequence[bool], *xs: jax.Array):
-        batched = tuple(x for x, b in zip(xs, in_batched) if b)
-
-        def one(row: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-            it = iter(row)
-            return call(*[next(it) if b else x for x, b in zip(xs, in_batched)])
-
-        outs = jax.lax.map(one, batched)
-        return outs, tuple(True for _ in outs)
-
-    return lambda *xs: list(call(*xs))
 
 
 def lowered_ops(mugraph: MuGraph) -> Sequence[str]:

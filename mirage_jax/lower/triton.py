@@ -16,7 +16,7 @@ import hashlib
 import importlib.util
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -549,7 +549,7 @@ def build_kernel(
         def kernel(*xs: jax.Array) -> list[jax.Array]:
             return list(jax.pure_callback(host, out_shape, *xs))
 
-        return kernel
+        return sequential_batching(kernel)
     try:
         import jax_triton as jt
     except ImportError as e:
@@ -570,7 +570,33 @@ def build_kernel(
             )
         )
 
-    return kernel
+    return sequential_batching(kernel)  # jax-triton's custom call has no batching rule
+
+
+def sequential_batching(kernel: Callable[..., Sequence[jax.Array]]) -> Callable[..., list]:
+    """`kernel` with a vmap rule that runs it once per batch element (`lax.map`).
+
+    For kernels whose primitive cannot be batched (jax-triton's `triton_call`): under `vmap`
+    the kernel still runs, element by element, over the batched arguments; the unbatched ones
+    are closed over, not broadcast.
+    """
+
+    @jax.custom_batching.custom_vmap
+    def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(kernel(*xs))
+
+    @call.def_vmap
+    def rule(axis_size: int, in_batched: Sequence[bool], *xs: jax.Array):
+        batched = tuple(x for x, b in zip(xs, in_batched) if b)
+
+        def one(row: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            it = iter(row)
+            return call(*[next(it) if b else x for x, b in zip(xs, in_batched)])
+
+        outs = jax.lax.map(one, batched)
+        return outs, tuple(True for _ in outs)
+
+    return lambda *xs: list(call(*xs))
 
 
 def source_of(plan: KernelPlan, config: TritonConfig | None = None) -> str:
