@@ -263,15 +263,8 @@ def test_gpu_auto_backend_runs_triton_kernels(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_transformer_block_with_a_pallas_kernel(tmp_path):
-    params, x, pad = block_inputs()
     cache = Cache(tmp_path / "c.sqlite")
-    specs = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x, pad)
-    )
-    part = lax_ir.partition(lax_ir.capture(transformer_block, *specs))
-    (mlp,) = [r for r in part.regions if "logistic" in r.program.op_counts()]
-    mlp_specs = [jax.ShapeDtypeStruct(s, d) for s, d in mlp.program.input_avals]
-    inject(cache, mlp.program, mlp_mugraph, mlp_specs, "pallas")
+    params, x, pad, _ = block_with_mlp_kernel(cache, "pallas")
     f = mirage_jax.jit(transformer_block, backend="pallas", search="cached", cache=cache)
     check_block(f, params, x, pad, GPU_TOL)
     assert (f.stats.kernels, f.stats.captures) == (1, 1)
@@ -309,6 +302,19 @@ def block_inputs(t=8, d=32, f=64, seed=0):
     return params, x, pad
 
 
+def block_with_mlp_kernel(cache: Cache, backend: str = "reference"):
+    """`block_inputs()` and the block's partition, with its MLP region's µGraph in `cache`."""
+    params, x, pad = block_inputs()
+    specs = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x, pad)
+    )
+    part = lax_ir.partition(lax_ir.capture(transformer_block, *specs))
+    (mlp,) = [r for r in part.regions if "logistic" in r.program.op_counts()]
+    mlp_specs = [jax.ShapeDtypeStruct(s, d) for s, d in mlp.program.input_avals]
+    inject(cache, mlp.program, mlp_mugraph, mlp_specs, backend)
+    return params, x, pad, part
+
+
 def mlp_mugraph(b, w1, w2, w3, ema, s):
     m = b.op("rms_norm", ema, eps=EPS)
     return b.op(
@@ -317,17 +323,10 @@ def mlp_mugraph(b, w1, w2, w3, ema, s):
 
 
 def test_transformer_block_matches_jax_jit(tmp_path):
-    params, x, pad = block_inputs()
     cache = Cache(tmp_path / "c.sqlite")
-    specs = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x, pad)
-    )
-    part = lax_ir.partition(lax_ir.capture(transformer_block, *specs))
+    params, x, pad, part = block_with_mlp_kernel(cache)
     reasons = part.explain()
     assert "scan" in reasons and "select_n" in reasons
-    (mlp,) = [r for r in part.regions if "logistic" in r.program.op_counts()]
-    mlp_specs = [jax.ShapeDtypeStruct(s, d) for s, d in mlp.program.input_avals]
-    inject(cache, mlp.program, mlp_mugraph, mlp_specs)
 
     xla = mirage_jax.jit(transformer_block, search="cached", cache=cache)  # no GPU: XLA
     assert_close(xla(params, x, pad), jax.jit(transformer_block)(params, x, pad))
