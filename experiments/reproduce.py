@@ -896,8 +896,10 @@ def summarize(row: dict, bandwidth: float | None) -> dict:
     """Best of ours, best baseline, speedup, fraction of the floor, the original's µGraph."""
     cs = row["contenders"]
 
-    def best(kind: str) -> dict | None:
+    def best(kind: str, backend: str = "") -> dict | None:
+        """The fastest valid contender of `kind` (labelled "(backend)" when one is given)."""
         timed = [c for c in cs if c["kind"] == kind and _us(c) is not None]
+        timed = [c for c in timed if not backend or c["label"].endswith(f"({backend})")]
         return min(timed, key=_us) if timed else None
 
     ours, base, imp = best("ours"), best("baseline"), best("imported")
@@ -914,13 +916,7 @@ def summarize(row: dict, bandwidth: float | None) -> dict:
         row["fraction_of_floor"] = row["floor_us"] / _us(ours) if ours else None
     row["vs_original"] = {}
     for backend in ("pallas", "triton"):  # issue 6: same backend, same run
-
-        def best_of(kind: str, b: str = backend) -> dict | None:
-            timed = [c for c in cs if c["kind"] == kind and c["label"].endswith(f"({b})")]
-            timed = [c for c in timed if _us(c) is not None]
-            return min(timed, key=_us) if timed else None
-
-        o, i = best_of("ours"), best_of("imported")
+        o, i = best("ours", backend), best("imported", backend)
         if o and i:
             row["vs_original"][backend] = {
                 "ours": o["label"], "ours_us": _us(o), "original": i["label"],
