@@ -10,7 +10,7 @@ Two phases:
   best µGraphs (JSON) so the GPU phase needs no search.
 - ``--phase select`` (the GPU machine; no egglog or galois needed): reads that file, lowers
   the best µGraphs of each benchmark with our backend, times them and XLA with
-  `mirage_jax.profile.time_device` (`mirage_jax.search.select`), and writes
+  `mirage_jax.profile.time_device` (`mirage_jax.select`), and writes
   ``search_gpu.json`` and ``.md``.
 
     python -m experiments.search_bench                       # CPU: search everything
@@ -243,7 +243,8 @@ def phase_select(args: argparse.Namespace) -> None:
     import lax_ir
     from experiments import benchmarks
     from mirage_jax.mugraph.serialize import from_dict
-    from mirage_jax.search import SearchResult, select
+    from mirage_jax.search import SearchResult
+    from mirage_jax.select import select
 
     doc = json.loads(Path(args.input).read_text())
     rows = []

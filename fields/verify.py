@@ -185,6 +185,30 @@ class Verdict:
         """A JSON record (for caches and result files)."""
         return json.dumps(asdict(self), sort_keys=True)
 
+    @property
+    def output_order(self) -> tuple[int, ...] | None:
+        """order[j] = i when output i of `a` equals output j of `b` (the matching inverted)."""
+        if self.matching is None:
+            return None
+        order = [0] * len(self.matching)
+        for i, j in enumerate(self.matching):
+            order[j] = i
+        return tuple(order)
+
+    def record(self, b_hash: str, a_hash: str) -> str:
+        """The JSON kept with an accepted `a` (a µGraph) for `b` (its region): hashes, output
+        order (`output_order`) and this verdict."""
+        order = self.output_order
+        return json.dumps(
+            {
+                "region_hash": b_hash,
+                "mugraph_hash": a_hash,
+                "output_order": list(order) if order is not None else None,
+                "verdict": json.loads(self.to_json()),
+            },
+            sort_keys=True,
+        )
+
 
 def trial_bound(da: DegreeReport, db: DegreeReport, field: Field) -> float:
     """ε, the false-accept probability of one trial (see the module docstring)."""

@@ -20,9 +20,7 @@ _WARNED: set[str] = set()
 def _library_dirs() -> tuple[str, ...]:
     import os
 
-    import mirage_jax
-
-    dirs = [jax.__file__, lax_ir.__file__, mirage_jax.__file__, functools.__file__]
+    dirs = [jax.__file__, lax_ir.__file__, __file__, functools.__file__]
     return tuple(os.path.dirname(os.path.abspath(d)) for d in dirs)
 
 

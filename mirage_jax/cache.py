@@ -78,7 +78,7 @@ def lib_version() -> str:
     """The library versions a cached kernel depends on (mirage_jax and jax)."""
     import jax
 
-    from mirage_jax import __version__
+    from mirage_jax._version import __version__
 
     return f"mirage_jax {__version__}; jax {jax.__version__}"
 
@@ -142,36 +142,6 @@ class CacheEntry:
         return make_key(
             self.region_hash, self.device_kind, self.backend, self.lib_version, self.options
         )
-
-
-def verification_record(
-    region_hash: str,
-    mugraph_hash: str,
-    verdict: Any,
-    output_order: tuple[int, ...] | None = None,
-) -> str:
-    """The JSON stored with a µGraph: which region and µGraph it is for, and the verdict.
-
-    `verdict` is a `fields.Verdict` of `verify(mugraph, region_program)` (or its dict);
-    `output_order[j]` is the µGraph output that equals region output j (default: identity,
-    or the verdict's matching inverted).
-    """
-    v = json.loads(verdict.to_json()) if hasattr(verdict, "to_json") else dict(verdict)
-    if output_order is None and v.get("matching") is not None:
-        matching = list(v["matching"])  # matching[i] = j: µGraph output i is region output j
-        order = [0] * len(matching)
-        for i, j in enumerate(matching):
-            order[j] = i
-        output_order = tuple(order)
-    return json.dumps(
-        {
-            "region_hash": region_hash,
-            "mugraph_hash": mugraph_hash,
-            "output_order": list(output_order) if output_order is not None else None,
-            "verdict": v,
-        },
-        sort_keys=True,
-    )
 
 
 class Cache:
@@ -377,7 +347,7 @@ class Cache:
             import fields
 
             verdict = fields.verify(mugraph, program, trials=trials, seed=seed)
-        record = verification_record(program.canonical_hash, mugraph.canonical_hash, verdict)
+        record = verdict.record(program.canonical_hash, mugraph.canonical_hash)
         v = json.loads(record)["verdict"]
         if not v.get("equal") or not float(v.get("bound", 1.0)) <= self.max_bound:
             raise ValueError(

@@ -1,6 +1,6 @@
 """One Lax region's replacement: search and select a µGraph, lower it, wrap it for autodiff.
 
-`search_region` runs the search and `search.select` (in a fresh thread: it is called at trace
+`search_region` runs the search and `select` (in a fresh thread: it is called at trace
 time) and returns what the cache stores; `region_kernel` lowers a chosen µGraph for a backend
 and wraps it as a `jax.custom_vjp` whose backward pass is the XLA vjp of the region. Used by
 `mirage_jax.api`; every failure is returned as a reason (the region then runs as XLA).
@@ -68,7 +68,7 @@ class SearchOutcome:
 def search_region(program: Any, opts: Any, backend: str) -> SearchOutcome:
     """Search µGraphs for one region and select the fastest verified one, or XLA.
 
-    `mirage_jax.search.select` chooses: each candidate is verified again at full size (the
+    `mirage_jax.select` chooses: each candidate is verified again at full size (the
     record keeps the output matching) and must pass a float64 check (`FLOAT_TOL`). On a GPU
     the top `time_top` (option, default 4) are timed against XLA, which wins ties. Without a
     GPU (pallas-interpret, reference) nothing is timed: the cost model's best that passes wins.
@@ -87,9 +87,9 @@ def search_region(program: Any, opts: Any, backend: str) -> SearchOutcome:
 
 
 def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -> SearchOutcome:
-    from mirage_jax.cache import mugraph_to_json, verification_record
+    from mirage_jax.cache import mugraph_to_json
     from mirage_jax.profile import time_device
-    from mirage_jax.search.select import FLOAT_TOL, random_inputs
+    from mirage_jax.select import FLOAT_TOL, random_inputs, select
 
     try:
         result = search_mod.search(
@@ -110,7 +110,7 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
         t = time_device(fn, xs, chain=16, repeats=9)
         return float(t.median_us), "mirage_jax.profile.time_device"
 
-    sel = search_mod.select(
+    sel = select(
         result,
         program,
         backend=backend,
@@ -133,7 +133,7 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
     if not timed:
         t |= {"estimated_us": chosen.estimate_us, "method": sel.method}
     g = chosen.mugraph
-    record = verification_record(program.canonical_hash, g.canonical_hash, chosen.verdict)
+    record = chosen.verdict.record(program.canonical_hash, g.canonical_hash)
     return SearchOutcome(g, mugraph_to_json(g), record, t, sel.reason)
 
 

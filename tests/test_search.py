@@ -302,7 +302,7 @@ def test_qknorm_cut_into_pieces():
 
 
 def test_select_keeps_xla_on_ties_and_takes_a_faster_mugraph():
-    from mirage_jax.search import select
+    from mirage_jax.select import select
 
     p, r = searched("rmsnorm")
     best = r.mugraphs[0]

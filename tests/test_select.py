@@ -1,4 +1,4 @@
-"""`search.select` with hand-built µGraphs: untimed choice, full-size verification, tolerances."""
+"""`mirage_jax.select` with hand-built µGraphs: untimed choice, full-size verification, tolerances."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 
 import lax_ir
 from mirage_jax.mugraph import MuGraphBuilder, evaluate_reference
-from mirage_jax.search import SearchResult, select
-from mirage_jax.search.select import FLOAT_TOL
+from mirage_jax.search import SearchResult
+from mirage_jax.select import FLOAT_TOL, select
 
 SPECS = [jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 4), jnp.float32)]
 

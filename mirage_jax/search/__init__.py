@@ -2,7 +2,7 @@
 
     result = search(region_program, budget=Budget(time_s=300), seed=0, workers=2)
     result.best, result.mugraphs, result.stop_reason, result.stats, result.to_json()
-    choice = select(result, region_program, backend="pallas")   # on a GPU: fastest, or XLA
+    choice = mirage_jax.select.select(result, region_program, backend="pallas")  # GPU: fastest
 
 How it works (modules in pipeline order):
 
@@ -27,7 +27,7 @@ How it works (modules in pipeline order):
   XLA, and elementwise or reduction ops on its result) in canonical order, each kept only if
   its abstract expression is a subexpression of a target; the rest of the region is searched
   as graph-defined kernel(s) reading the pre-defined outputs (`Budget.max_predefined`).
-- `select`: lowers the best few, times them against XLA (XLA wins ties).
+- (`mirage_jax.select`, one layer up, lowers the best few and times them against XLA.)
 
 Choices that differ from the original, and why (measurements on this 2-core CPU):
 
@@ -75,6 +75,4 @@ from mirage_jax.search.dims import shrink as shrink
 from mirage_jax.search.driver import Budget as Budget
 from mirage_jax.search.driver import SearchResult as SearchResult
 from mirage_jax.search.driver import search as search
-from mirage_jax.search.select import Selection as Selection
-from mirage_jax.search.select import select as select
 from mirage_jax.search.tasks import SearchError as SearchError

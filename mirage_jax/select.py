@@ -1,5 +1,7 @@
 """`select`: lower the most promising searched µGraphs, time them and XLA, keep the fastest.
 
+It sits above the search (it takes a `SearchResult`), the lowering and the timers.
+
 The search ranks its µGraphs by the cost model; `select` lowers the first `top` of them with
 the chosen backend (verifying each at full size first when asked), checks each against the
 region run in float64 (a lowering that computes something else is dropped, never timed), times
@@ -222,9 +224,9 @@ def select(
 def _verify(g: MuGraph, program: Program, trials: int, seed: int) -> tuple[Any, list[int] | None]:
     """`fields.verify` at full size: the verdict and the output order (raises if not equal)."""
     import fields
-    from mirage_jax.cache import verification_record
 
     verdict = fields.verify(g, program, trials=trials, seed=seed)
     if not verdict.equal:
         raise ValueError(f"not equal to the region at full size ({verdict.reason})")
-    return verdict, json.loads(verification_record("", "", verdict))["output_order"]
+    order = verdict.output_order
+    return verdict, None if order is None else list(order)
