@@ -1,7 +1,6 @@
 """mirage_jax: a multi-level superoptimizer for JAX programs, after Mirage (OSDI'25)."""
 
 from mirage_jax._version import __version__ as __version__
-
 from mirage_jax.api import BACKENDS as BACKENDS
 from mirage_jax.api import SEARCH_MODES as SEARCH_MODES
 from mirage_jax.api import JitStats as JitStats
