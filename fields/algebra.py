@@ -46,9 +46,7 @@ from fields.numbers import (
     sub_mod,
     to_residues,
 )
-from lax_ir.ops import broadcast_shapes, matmul_shape
-
-UNINTERPRETED = ("sqrt", "logistic", "tanh", "erf")
+from lax_ir.ops import UNINTERPRETED, broadcast_shapes, matmul_shape
 
 Mod = Callable[..., np.ndarray]
 

@@ -11,7 +11,7 @@ Conventions every implementation follows:
   equal leading batch shapes (numpy broadcasting of batch dims is allowed);
 - `dtype` arguments are numpy dtype names ("float16", "float32", ...); an algebra may ignore
   them (the field and the float64 reference do);
-- `unary(name, x)` covers the ops with no polynomial meaning: sqrt, logistic, tanh, erf;
+- `unary(name, x)` covers the ops with no polynomial meaning (`lax_ir.ops.UNINTERPRETED`);
 - `shift_max(x, axes)` is a reduce_max whose only use is as a stabilising shift before an exp
   (softmax); the float semantics computes the max, the field semantics draws a fresh random
   value per output element, so only shift-invariant programs pass verification.
@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-UNINTERPRETED_UNARY = ("sqrt", "logistic", "tanh", "erf")
+from lax_ir.ops import UNINTERPRETED as UNINTERPRETED_UNARY  # noqa: F401  (re-exported)
 
 
 @runtime_checkable

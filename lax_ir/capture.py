@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from lax_ir.ops import dtype_name, matmul_shape
+from lax_ir.ops import PRIMITIVES, dtype_name, matmul_shape
 from lax_ir.program import Const, Node, Opaque, Program, make_params
 
 CALL_PRIMITIVES = {
@@ -34,19 +34,7 @@ CALL_PRIMITIVES = {
     "custom_lin",
 }
 IDENTITY_PRIMITIVES = {"stop_gradient", "copy", "copy_p", "optimization_barrier_single"}
-SIMPLE = {
-    "add": "add",
-    "sub": "sub",
-    "mul": "mul",
-    "div": "div",
-    "neg": "neg",
-    "exp": "exp",
-    "sqrt": "sqrt",
-    "logistic": "logistic",
-    "tanh": "tanh",
-    "erf": "erf",
-    "max": "max",
-}
+SIMPLE = PRIMITIVES  # primitives captured one to one (`lax_ir.ops`)
 
 
 def _is_array_leaf(x: Any) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from lax_ir.algebra import Algebra
+from lax_ir.ops import OPS
 from lax_ir.program import Node, Program
 
 NodeHook = Callable[[int, Node, Any], Any]
@@ -22,12 +23,13 @@ def eval_node(algebra: Algebra, node: Node, args: Sequence[Any]) -> Any:
     op = node.op
     if op == "constant":
         return algebra.constant(node.param("value").array, node.dtype)
+    info = OPS.get(op)
+    if info is not None and info.kind == "uninterpreted":
+        return algebra.unary(op, args[0])
     if op in ("add", "sub", "mul", "div", "max"):
         return getattr(algebra, op)(args[0], args[1])
     if op in ("neg", "exp"):
         return getattr(algebra, op)(args[0])
-    if op in ("sqrt", "logistic", "tanh", "erf"):
-        return algebra.unary(op, args[0])
     if op == "integer_pow":
         return algebra.integer_pow(args[0], node.param("y"))
     if op == "matmul":
@@ -120,26 +122,10 @@ class FloatAlgebra:
         return self.xp.exp(a)
 
     def unary(self, name: str, a):
-        xp = self.xp
-        if name == "sqrt":
-            return xp.sqrt(a)
-        if name == "tanh":
-            return xp.tanh(a)
-        if name == "logistic":
-            if self.is_numpy:
-                return 1.0 / (1.0 + np.exp(-a))
-            import jax
-
-            return jax.nn.sigmoid(a)
-        if name == "erf":
-            if self.is_numpy:
-                from scipy.special import erf
-
-                return erf(a)
-            from jax import lax
-
-            return lax.erf(a)
-        raise NotImplementedError(f"float semantics has no unary op {name!r}")
+        info = OPS.get(name)
+        if info is None or info.kind != "uninterpreted":
+            raise NotImplementedError(f"float semantics has no unary op {name!r}")
+        return info.numpy(a) if self.is_numpy else info.jax(a)
 
     def integer_pow(self, a, y: int):
         if self.is_numpy:

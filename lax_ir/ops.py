@@ -1,7 +1,11 @@
-"""The normalised op set of lax_ir and each op's place in the Lax fragment.
+"""The normalised op set of lax_ir: one table that capture, interpretation, both algebras and
+the search read.
 
-Every op a Program may contain is listed in `OPS`. An op's `kind` says how the partitioner
-and the verifier treat it:
+Every op a Program may contain is listed in `OPS`, with the JAX primitive it captures 1:1
+(`primitive`; other primitives are normalised by rules in `capture.py`), whether it is
+elementwise, and for an uninterpreted unary its float meaning (numpy and jax). Adding an
+uninterpreted unary (say `cos`) is one line here. An op's `kind` says how the partitioner and
+the verifier treat it:
 
 - "lax": multilinear ops, division, non-nested exp, and the shape ops between them; inside a
   region, with an exact field meaning.
@@ -17,30 +21,63 @@ and the verifier treat it:
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 
 @dataclass(frozen=True)
 class OpInfo:
+    """One op of the normalised set.
+
+    Arguments:
+        name, kind, arity (None: variadic), doc: as in the module docstring.
+        primitive: the JAX primitive captured as this op one to one ("" if none).
+        elementwise: acts element by element (with numpy broadcasting).
+        numpy, jax: an uninterpreted unary's float meaning on numpy and on jax arrays.
+    """
+
     name: str
     kind: str
-    arity: int | None  # None: variadic
+    arity: int | None
     doc: str
+    primitive: str = ""
+    elementwise: bool = False
+    numpy: Callable[[Any], Any] | None = None
+    jax: Callable[[Any], Any] | None = None
+
+
+def _lax(name: str) -> Callable[[Any], Any]:
+    """jax.lax.<name>, imported on first use (lax_ir imports jax lazily)."""
+    return lambda a: getattr(importlib.import_module("jax.lax"), name)(a)
+
+
+def _np_erf(a: Any) -> Any:
+    from scipy.special import erf
+
+    return erf(a)
+
+
+def _unary(name: str, doc: str, numpy_fn: Callable[[Any], Any]) -> OpInfo:
+    """An uninterpreted elementwise unary: its primitive has its name, its float meaning is
+    `numpy_fn` on numpy arrays and jax.lax.<name> on jax arrays."""
+    return OpInfo(name, "uninterpreted", 1, doc, name, True, numpy_fn, _lax(name))
 
 
 _TABLE = [
     OpInfo("input", "structural", 0, "a positional input"),
     OpInfo("constant", "structural", 0, "an exact constant (param value: Const)"),
     OpInfo("matmul", "lax", 2, "batched 2-D matmul a[...,M,K] @ b[...,K,N]"),
-    OpInfo("add", "lax", 2, "elementwise a + b (numpy broadcasting)"),
-    OpInfo("sub", "lax", 2, "elementwise a - b"),
-    OpInfo("mul", "lax", 2, "elementwise a * b"),
-    OpInfo("div", "lax", 2, "elementwise a / b"),
-    OpInfo("neg", "lax", 1, "elementwise -a"),
-    OpInfo("exp", "lax", 1, "elementwise e**a (Lax unless nested inside another exp)"),
-    OpInfo("integer_pow", "lax", 1, "a ** y for an integer y (param y)"),
+    OpInfo("add", "lax", 2, "elementwise a + b (numpy broadcasting)", "add", True),
+    OpInfo("sub", "lax", 2, "elementwise a - b", "sub", True),
+    OpInfo("mul", "lax", 2, "elementwise a * b", "mul", True),
+    OpInfo("div", "lax", 2, "elementwise a / b", "div", True),
+    OpInfo("neg", "lax", 1, "elementwise -a", "neg", True),
+    OpInfo("exp", "lax", 1, "elementwise e**a (Lax unless nested inside another exp)", "exp", True),
+    OpInfo("integer_pow", "lax", 1, "a ** y for an integer y (param y)", "", True),
     OpInfo("reduce_sum", "lax", 1, "sum over axes (param axes)"),
     OpInfo(
         "broadcast_in_dim", "lax", 1, "lax.broadcast_in_dim (params shape, broadcast_dimensions)"
@@ -48,21 +85,26 @@ _TABLE = [
     OpInfo("reshape", "lax", 1, "row-major reshape (param shape)"),
     OpInfo("transpose", "lax", 1, "axis permutation (param permutation)"),
     OpInfo("concatenate", "lax", None, "concatenation along param axis"),
-    OpInfo("convert", "lax", 1, "dtype conversion (param dtype)"),
-    OpInfo("sqrt", "uninterpreted", 1, "elementwise square root"),
-    OpInfo("logistic", "uninterpreted", 1, "elementwise 1 / (1 + e**-a)"),
-    OpInfo("tanh", "uninterpreted", 1, "elementwise tanh"),
-    OpInfo("erf", "uninterpreted", 1, "elementwise error function"),
+    OpInfo("convert", "lax", 1, "dtype conversion (param dtype)", "", True),
+    _unary("sqrt", "elementwise square root", np.sqrt),
+    _unary("logistic", "elementwise 1 / (1 + e**-a)", lambda a: 1.0 / (1.0 + np.exp(-a))),
+    _unary("tanh", "elementwise tanh", np.tanh),
+    _unary("erf", "elementwise error function", _np_erf),
     OpInfo("reduce_max", "shift", 1, "max over axes (param axes); Lax only as a softmax shift"),
-    OpInfo("max", "shift", 2, "elementwise maximum; Lax only inside a softmax shift"),
+    OpInfo("max", "shift", 2, "elementwise maximum; Lax only inside a softmax shift", "max", True),
     OpInfo("opaque", "residual", None, "any other JAX primitive (param payload: Opaque)"),
     OpInfo("get", "residual", 1, "element (param index) of a multi-result opaque op"),
 ]
 
 OPS: dict[str, OpInfo] = {o.name: o for o in _TABLE}
-UNARY_ELEMENTWISE = ("neg", "exp", "sqrt", "logistic", "tanh", "erf", "integer_pow", "convert")
-BINARY_ELEMENTWISE = ("add", "sub", "mul", "div", "max")
+UNINTERPRETED = tuple(o.name for o in _TABLE if o.kind == "uninterpreted")
+"""The uninterpreted unaries (keyed random functions in the field)."""
+ELEMENTWISE = tuple(o.name for o in _TABLE if o.elementwise)
+UNARY_ELEMENTWISE = tuple(o.name for o in _TABLE if o.elementwise and o.arity == 1)
+BINARY_ELEMENTWISE = tuple(o.name for o in _TABLE if o.elementwise and o.arity == 2)
 SHAPE_OPS = ("broadcast_in_dim", "reshape", "transpose", "convert")
+PRIMITIVES: dict[str, str] = {o.primitive: o.name for o in _TABLE if o.primitive}
+"""JAX primitive name -> the op it captures as, one to one."""
 
 _SHORT = {
     "float16": "f16",

@@ -1,5 +1,6 @@
 """Lowering µGraphs to GPU kernels: Pallas (Triton lowering) and jax-triton, one registry."""
 
+from mirage_jax.lower import backends as backends
 from mirage_jax.lower import registry as registry
 from mirage_jax.lower.kernel_graph import lower as lower
 from mirage_jax.lower.kernel_graph import plan as plan

@@ -1,136 +1,29 @@
 """`lower`: a µGraph to one jittable JAX function; pre-defined kernel ops become jax.numpy.
 
-Each pre-defined kernel op has a "jnp" rule (computing in fp32 where the µGraph semantics
-accumulate, then casting back to the tensor dtype); each graph-defined kernel becomes one GPU
-kernel built by the chosen backend ("pallas" or "triton"). Everything is checked before
-anything is built: a missing rule or an unsupported block graph raises LoweringError naming
-the op and the rule, so a wrong kernel is never produced silently.
+Each pre-defined kernel op runs as its one meaning (`OpDef.apply` over jax.numpy: fp32 compute,
+result in the tensor's dtype; XLA fuses them); each graph-defined kernel becomes one GPU kernel
+built by the chosen backend (`backends.py`). Everything is checked before anything is built: a
+missing rule or an unsupported block graph raises LoweringError naming the op and the rule, so
+a wrong kernel is never produced silently.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from mirage_jax.lower import registry
+from lax_ir import FloatAlgebra
+from mirage_jax.lower import backends
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
-from mirage_jax.lower.registry import BACKENDS, LoweringError
+from mirage_jax.lower.registry import LoweringError
 from mirage_jax.lower.retile import retile
-from mirage_jax.mugraph import BlockGraph, MuGraph, MuGraphError, validate
-
-F32 = jnp.float32
-
-
-def _f32(x: jax.Array) -> jax.Array:
-    return x.astype(F32)
-
-
-def _unary(fn: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
-    def rule(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
-        return fn(_f32(x)).astype(dtype)
-
-    return rule
-
-
-def _binary(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Callable[..., jax.Array]:
-    def rule(params: dict, dtype: Any, a: jax.Array, b: jax.Array) -> jax.Array:
-        return fn(_f32(a), _f32(b)).astype(dtype)
-
-    return rule
-
-
-def erf(x: jax.Array, exp: Callable[[jax.Array], jax.Array] = jnp.exp) -> jax.Array:
-    """erf by Abramowitz–Stegun 7.1.26 (|error| < 1.5e-7): Pallas-Triton has no erf rule."""
-    t = 1.0 / (1.0 + 0.3275911 * jnp.abs(x))
-    poly = t * (
-        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
-    )
-    y = 1.0 - poly * exp(-x * x)
-    return jnp.where(x < 0, -y, y)
-
-
-def sigmoid(x: jax.Array, exp: Callable[[jax.Array], jax.Array] = jnp.exp) -> jax.Array:
-    return 1.0 / (1.0 + exp(-x))
-
-
-def gelu(x: jax.Array) -> jax.Array:
-    """0.5·x·(1 − erf(−x/√2)), the µGraph op's (erf) form."""
-    return 0.5 * x * (1.0 - erf(-x * np.float32(1.0 / math.sqrt(2.0))))
-
-
-for _name, _fn in {
-    "exp": jnp.exp,
-    "square": lambda x: x * x,
-    "sqrt": jnp.sqrt,
-    "sigmoid": jax.nn.sigmoid,
-    "silu": lambda x: x * jax.nn.sigmoid(x),
-    "gelu": lambda x: 0.5 * x * (1.0 - jax.lax.erf(-x * np.float32(1.0 / math.sqrt(2.0)))),
-}.items():
-    registry.add("jnp", _name, _unary(_fn))
-for _name, _fn in {
-    "add": jnp.add,
-    "sub": jnp.subtract,
-    "mul": jnp.multiply,
-    "div": jnp.divide,
-}.items():
-    registry.add("jnp", _name, _binary(_fn))
-
-
-@registry.register("jnp", "mul_scalar")
-def _mul_scalar(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
-    return (_f32(x) * np.float32(params["scalar"])).astype(dtype)
-
-
-@registry.register("jnp", "add_scalar")
-def _add_scalar(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
-    return (_f32(x) + np.float32(params["scalar"])).astype(dtype)
-
-
-@registry.register("jnp", "matmul")
-def _matmul(params: dict, dtype: Any, a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.matmul(a, b, preferred_element_type=F32).astype(dtype)
-
-
-@registry.register("jnp", "reduce_sum")
-def _reduce_sum(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
-    return jnp.sum(_f32(x), axis=params["dim"], keepdims=True).astype(dtype)
-
-
-@registry.register("jnp", "reduce_max")
-def _reduce_max(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
-    return jnp.max(x, axis=params["dim"], keepdims=True).astype(dtype)
-
-
-@registry.register("jnp", "rms_norm")
-def _rms_norm(params: dict, dtype: Any, x: jax.Array) -> jax.Array:
-    x = _f32(x)
-    ms = jnp.mean(x * x, axis=-1, keepdims=True) + np.float32(params.get("eps") or 0.0)
-    return (x / jnp.sqrt(ms)).astype(dtype)
-
-
-@registry.register("jnp", "concat")
-def _concat(params: dict, dtype: Any, *xs: jax.Array) -> jax.Array:
-    return jnp.concatenate(xs, axis=params["dim"]).astype(dtype)
-
-
-# ---------------------------------------------------------------------------- the driver
-def _backend_module(backend: str):
-    if backend == "pallas":
-        from mirage_jax.lower import pallas
-
-        return pallas
-    if backend == "triton":
-        from mirage_jax.lower import triton
-
-        return triton
-    raise LoweringError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-
+from mirage_jax.mugraph import BlockGraph, MuGraph, MuGraphError, evaluate, validate
+from mirage_jax.mugraph.evaluate import apply_kernel_op
 
 def plan(mugraph: MuGraph, min_dot: int = MIN_DOT) -> dict[int, KernelPlan]:
     """Validate `mugraph` and plan each graph-defined kernel (kernel op index -> plan)."""
@@ -143,8 +36,7 @@ def plan(mugraph: MuGraph, min_dot: int = MIN_DOT) -> dict[int, KernelPlan]:
         if op.op == "input":
             continue
         if op.block_graph is None:
-            registry.rule("jnp", op.op, f"kernel op {i}")
-            continue
+            continue  # its meaning (validated) is its jnp lowering
         plans[i] = _fitting_plan(op.block_graph, f"kernel op {i} (graph_defined)", min_dot)
     return plans
 
@@ -186,18 +78,27 @@ def lower(
 
     Arguments:
         mugraph: the µGraph (validated first).
-        backend: "pallas" (pl.pallas_call, Triton lowering) or "triton" (jax-triton).
+        backend: a name of `backends.BACKENDS` ("pallas", "triton", "pallas-interpret",
+            "reference").
         config: the backend's config (`PallasConfig` / `TritonConfig`); None for defaults.
-        interpret: run Pallas kernels in interpret mode; None means "when jax's default backend
-            is the CPU". The triton backend has no interpret mode here (GPU only).
+        interpret: run kernels in interpret mode; None means the backend's own flag, or "when
+            jax's default backend is the CPU". The triton backend interprets with Triton's own
+            interpreter (needs the `triton` package).
 
     Raises LoweringError naming the op and rule for an invalid or unsupported µGraph.
     """
-    mod = _backend_module(backend)
+    try:
+        b = backends.get(backend)
+    except backends.UnknownBackend as e:
+        raise LoweringError(str(e)) from None
+    if b.module is None:  # the µGraph's own evaluator
+        plan(mugraph)
+        return jax.jit(functools.partial(evaluate, mugraph))
+    mod = b.load()
     config = mod.default_config() if config is None else config
     plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
     if interpret is None:
-        interpret = jax.default_backend() == "cpu"
+        interpret = b.interpret or jax.default_backend() == "cpu"
     kernels = {
         i: mod.build_kernel(p, config, interpret=interpret, where=f"kernel op {i} (graph_defined)")
         for i, p in plans.items()
@@ -207,10 +108,11 @@ def lower(
     inputs = mugraph.inputs
     outputs = mugraph.outputs
     avals = mugraph.input_avals
+    jnp_algebra = FloatAlgebra()
 
     def run(*args: jax.Array) -> tuple[jax.Array, ...]:
         if len(args) != len(inputs):
-            raise TypeError(f"{mugraph!r} takes {len(args)} inputs, got {len(args)}")
+            raise TypeError(f"{mugraph!r} takes {len(inputs)} inputs, got {len(args)}")
         env: dict[tuple[int, int], jax.Array] = {}
         for pos, i in enumerate(inputs):
             x = jnp.asarray(args[pos])
@@ -225,8 +127,7 @@ def lower(
                 for j, y in enumerate(kernels[i](*xs)):
                     env[(i, j)] = y
             else:
-                dtype = shapes[(i, 0)][1]
-                env[(i, 0)] = registry.rule("jnp", op.op)(dict(op.params), dtype, *xs)
+                env[(i, 0)] = apply_kernel_op(jnp_algebra, op, xs, shapes, i)
         return tuple(env[r] for r in outputs)
 
     run.__name__ = f"mugraph_{mugraph.canonical_hash[:12]}_{backend}"

@@ -25,7 +25,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from mirage_jax.lower import registry
-from mirage_jax.lower.kernel_graph import erf, sigmoid
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
 from mirage_jax.mugraph.ops import OPS
@@ -116,7 +115,22 @@ def fast_exp(x: jax.Array) -> jax.Array:
 
 
 def _sigmoid(x: jax.Array) -> jax.Array:
-    return sigmoid(x, exp=fast_exp)
+    return 1.0 / (1.0 + fast_exp(-x))
+
+
+def _erf(x: jax.Array) -> jax.Array:
+    """erf by Abramowitz–Stegun 7.1.26 (|error| < 1.5e-7): Pallas-Triton has no erf rule."""
+    t = 1.0 / (1.0 + 0.3275911 * jnp.abs(x))
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    y = 1.0 - poly * fast_exp(-x * x)
+    return jnp.where(x < 0, -y, y)
+
+
+def dtype_const(ctx: OpCtx, value: float) -> np.float32:
+    """A constant of the op as its meaning has it: rounded to the tensor's dtype, used in fp32."""
+    return np.float32(np.asarray(value, dtype=ctx.dtype))
 
 
 # ---------------------------------------------------------------------------- block-op rules
@@ -134,9 +148,15 @@ for _name, _fn in {
     "sqrt": jnp.sqrt,
     "sigmoid": _sigmoid,
     "silu": lambda x: x * _sigmoid(x),
-    "gelu": lambda x: 0.5 * x * (1.0 - erf(-x * np.float32(1.0 / math.sqrt(2.0)), exp=fast_exp)),
 }.items():
     registry.add(BACKEND, _name, _unary(_fn))
+
+
+@registry.register(BACKEND, "gelu")
+def _gelu(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    x = _f32(x)
+    c = dtype_const(ctx, 1.0 / math.sqrt(2.0))
+    return dtype_const(ctx, 0.5) * x * (1.0 - _erf(-x * c))
 for _name, _fn in {
     "add": jnp.add,
     "sub": jnp.subtract,
@@ -148,7 +168,7 @@ for _name, _fn in {
 
 @registry.register(BACKEND, "mul_scalar")
 def _mul_scalar(ctx: OpCtx, x: jax.Array) -> jax.Array:
-    return _f32(x) * np.float32(ctx.params["scalar"])
+    return _f32(x) * dtype_const(ctx, ctx.params["scalar"])
 
 
 def _dot(ctx: OpCtx, a: jax.Array, b: jax.Array, ia: int, ib: int, path: str) -> jax.Array:
@@ -170,7 +190,7 @@ def _dot(ctx: OpCtx, a: jax.Array, b: jax.Array, ia: int, ib: int, path: str) ->
 
 @registry.register(BACKEND, "add_scalar")
 def _add_scalar(ctx: OpCtx, x: jax.Array) -> jax.Array:
-    return _f32(x) + np.float32(ctx.params["scalar"])
+    return _f32(x) + dtype_const(ctx, ctx.params["scalar"])
 
 
 @registry.register(BACKEND, "matmul")

@@ -1,11 +1,12 @@
-"""The lowering-rule registry: (backend, op) -> rule; a missing rule names the op and backend.
+"""The lowering-rule registry: (backend module, op) -> rule; a missing rule names the op.
 
-Backends:
-- "jnp": pre-defined kernel ops (plain jax.numpy; XLA fuses them), shared by every backend;
-- "pallas": block ops and for-loop accumulators inside one `pl.pallas_call` (Triton lowering);
-- "triton": block ops and accumulators as `@triton.jit` source text for jax-triton.
+Each GPU backend module registers one rule per block-level op of `mirage_jax.mugraph.OPS`
+against the op's name: "pallas" (`pallas.py`: block ops and for-loop accumulators inside one
+`pl.pallas_call`, Triton lowering) and "triton" (`triton.py`: `@triton.jit` source text for
+jax-triton). Pre-defined kernel ops need no rule: they run as their meaning (`OpDef.apply`
+over jax.numpy). `tests/test_op_records.py` checks that every backend has every rule.
 
-A rule is whatever its backend's emitter calls: a jnp function for "jnp"/"pallas", a source
+A rule is whatever its backend's emitter calls: a jnp function for "pallas", a source
 generator for "triton". Accumulator rules are `AccumRule`s (init, update, finalise).
 """
 
@@ -14,10 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-BACKENDS = ("pallas", "triton")
-"""The graph-defined-kernel backends `lower` accepts."""
-
 
 class LoweringError(ValueError):
     """A µGraph cannot be lowered; the message names the op, the rule and the backend."""

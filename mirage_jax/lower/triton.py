@@ -115,19 +115,31 @@ def _binary(op: str) -> Callable[..., str]:
     return lambda c, a, b: f"{c.f32(a, 0)} {op} {c.f32(b, 1)}"
 
 
+def dtype_const(c: OpCtx, value: float) -> str:
+    """A constant of the op as its meaning has it: rounded to the tensor's dtype, used in fp32."""
+    return repr(float(np.float32(np.asarray(value, dtype=c.dtype))))
+
+
 for _name, _tpl in {
     "exp": "tl.exp({x})",
     "square": "{x} * {x}",
     "sqrt": "tl.sqrt({x})",
     "sigmoid": "tl.sigmoid({x})",
     "silu": "{x} * tl.sigmoid({x})",
-    "gelu": "0.5 * {x} * (1.0 - tl.math.erf(-{x} * 0.7071067811865476))",
 }.items():
     registry.add(BACKEND, _name, _unary(_tpl))
 for _name, _op in {"add": "+", "sub": "-", "mul": "*", "div": "/"}.items():
     registry.add(BACKEND, _name, _binary(_op))
-registry.add(BACKEND, "mul_scalar", lambda c, x: f"{c.f32(x, 0)} * {float(c.params['scalar'])!r}")
-registry.add(BACKEND, "add_scalar", lambda c, x: f"{c.f32(x, 0)} + {float(c.params['scalar'])!r}")
+registry.add(
+    BACKEND,
+    "gelu",
+    lambda c, x: (
+        f"{dtype_const(c, 0.5)} * {c.f32(x, 0)} * "
+        f"(1.0 - tl.math.erf(-{c.f32(x, 0)} * {dtype_const(c, 0.7071067811865476)}))"
+    ),
+)
+registry.add(BACKEND, "mul_scalar", lambda c, x: f"{c.f32(x, 0)} * {dtype_const(c, c.params['scalar'])}")
+registry.add(BACKEND, "add_scalar", lambda c, x: f"{c.f32(x, 0)} + {dtype_const(c, c.params['scalar'])}")
 
 
 def _dot(c: OpCtx, a: str, b: str, ia: int, ib: int, path: str) -> str:

@@ -112,17 +112,26 @@ def interpret(g: MuGraph, inputs: Sequence[Any], alg: Any) -> list[Any]:
             for j, v in enumerate(run_block_graph(op.block_graph, args, alg)):
                 env[(i, j)] = v
             continue
-        shape, dtype = shapes[(i, 0)]
-        ctx = Ctx(
-            alg=alg,
-            dtype=dtype,
-            nb=0,
-            arg_shapes=tuple(shapes[a][0] for a in op.args),
-            out_shape=shape,
-            params=dict(op.params),
-        )
-        env[(i, 0)] = OPS[op.op].apply(ctx, args)
+        env[(i, 0)] = apply_kernel_op(alg, op, args, shapes, i)
     return [env[r] for r in g.outputs]
+
+
+def apply_kernel_op(alg: Any, op: Any, args: Sequence[Any], shapes: Any, i: int) -> Any:
+    """Pre-defined kernel op `i` of a µGraph (its `shapes`) on evaluated `args`: its meaning.
+
+    `lower()` runs pre-defined kernel ops through this too (over jax.numpy), so the evaluator
+    and the lowering are the same code.
+    """
+    shape, dtype = shapes[(i, 0)]
+    ctx = Ctx(
+        alg=alg,
+        dtype=dtype,
+        nb=0,
+        arg_shapes=tuple(shapes[a][0] for a in op.args),
+        out_shape=shape,
+        params=dict(op.params),
+    )
+    return OPS[op.op].apply(ctx, list(args))
 
 
 def evaluate(g: MuGraph, *inputs: Any) -> list[Any]:

@@ -23,61 +23,25 @@ from mirage_jax.mugraph.graph import (
     MuGraphBuilder,
     MuGraphError,
 )
+from mirage_jax.mugraph.ops import OPS
 from mirage_jax.mugraph.validate import block_info
 
 DATA_TYPES = {941: "float16", 921: "float16", 950: "float32", 930: "float32"}
 
-# Pre-defined kernel ops: Mirage op type -> (our op, params).
-KERNEL_OPS: dict[str, tuple[str, dict[str, Any]]] = {
-    "kn_matmul_op": ("matmul", {}),
-    "kn_exp_op": ("exp", {}),
-    "kn_square_op": ("square", {}),
-    "kn_sqrt_op": ("sqrt", {}),
-    "kn_silu_op": ("silu", {}),
-    "kn_sigmoid_op": ("sigmoid", {}),
-    "kn_gelu_op": ("gelu", {}),
-    "kn_add_op": ("add", {}),
-    "kn_mul_op": ("mul", {}),
-    "kn_div_op": ("div", {}),
-    "kn_sub_op": ("sub", {}),
-    "kn_reduction_0_op": ("reduce_sum", {"dim": 0}),
-    "kn_reduction_1_op": ("reduce_sum", {"dim": 1}),
-    "kn_reduction_2_op": ("reduce_sum", {"dim": 2}),
-    "kn_rms_norm_op": ("rms_norm", {}),
-    "kn_concat_0_op": ("concat", {"dim": 0}),
-    "kn_concat_1_op": ("concat", {"dim": 1}),
-    "kn_concat_2_op": ("concat", {"dim": 2}),
-}
+def _imports(prefix: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Mirage op type -> (our op, params), from the op records' `imports` (`ops.py`)."""
+    return {
+        ty: (op.name, dict(params))
+        for op in OPS.values()
+        for ty, params in op.imports.items()
+        if ty.startswith(prefix)
+    }
 
-# Block ops: Mirage op type -> (our op, params). "dimx" is filled from the bgraph.
-BLOCK_OPS: dict[str, tuple[str, dict[str, Any]]] = {
-    "tb_matmul_op": ("matmul", {}),
-    "tb_exp_op": ("exp", {}),
-    "tb_square_op": ("square", {}),
-    "tb_sqrt_op": ("sqrt", {}),
-    "tb_silu_op": ("silu", {}),
-    "tb_sigmoid_op": ("sigmoid", {}),
-    "tb_gelu_op": ("gelu", {}),
-    "tb_add_op": ("add", {}),
-    "tb_sub_op": ("sub", {}),
-    "tb_mul_op": ("mul", {}),
-    "tb_div_op": ("div", {}),
-    "tb_rms_norm_op": ("rms_norm", {}),
-    "tb_reduction_0_op": ("reduce_sum", {"dim": 0}),
-    "tb_reduction_1_op": ("reduce_sum", {"dim": 1}),
-    "tb_reduction_2_op": ("reduce_sum", {"dim": 2}),
-    "tb_concat_0_op": ("concat", {"dim": 0}),
-    "tb_concat_1_op": ("concat", {"dim": 1}),
-    "tb_concat_2_op": ("concat", {"dim": 2}),
-    "tb_concat_then_matmul_op": ("concat_matmul", {}),
-    "tb_forloop_accum_nored_op": ("accum_sum", {}),
-    "tb_forloop_accum_no_red_op": ("accum_sum", {}),
-    "tb_accum_nored_op": ("accum_sum", {}),  # the 2024 name
-    "tb_forloop_accum_red_ld_sum_op": ("accum_sum_last", {}),
-    "tb_forloop_accum_red_ld_mean_op": ("accum_mean_last", {}),
-    "tb_forloop_accum_red_ld_rms_op": ("accum_rms_last", {}),
-    "tb_forloop_accum_redtox_ld_sum_op": ("accum_sum_todimx", {"dimx": None}),
-}
+
+KERNEL_OPS = _imports("kn_")
+"""Pre-defined kernel ops: Mirage op type -> (our op, params)."""
+BLOCK_OPS = _imports("tb_")
+"""Block ops: Mirage op type -> (our op, params); a "dimx" of None is the bgraph's reduction_dimx."""
 
 
 def _dims(t: dict) -> tuple[int, ...]:

@@ -1,21 +1,26 @@
-"""The µGraph op registry: each op's shape rule and its one executable meaning over an Algebra.
+"""The µGraph op records: each op's shape rule, meaning, search properties and Mirage names.
 
-Every kernel-level pre-defined op and every block-level op is one `OpDef` entry: arity, the
-levels it may appear at, a shape rule over tile (or tensor) shapes, and `apply`, its meaning
+Every kernel-level pre-defined op and every block-level op is one `OpDef` (`opdef.py`) in the
+table below: arity, levels, a shape rule over tile (or tensor) shapes, `apply`, its meaning
 over the `lax_ir.Algebra` protocol on values that carry `ctx.nb` leading batch dims (0 for a
-kernel op; grid axes and the loop axis inside a block graph; see `evaluate.py`). The field and
-float semantics are therefore the same code. Shape rules raise `ShapeError` with the rule
-broken; validation turns it into a `MuGraphError` naming the op.
+kernel op; grid axes and the loop axis inside a block graph; see `evaluate.py`), how the
+search treats it, and the original's op types. The float, field, degree and abstract-expression
+semantics are the same code; `lower()` runs pre-defined kernel ops through this meaning too.
+The table's order is the search's canonical op order. Adding an op: its record here, and one
+rule in each GPU backend (`lower/pallas.py`, `lower/triton.py`); see docs/design.md.
+
+Float meaning: an op computes in fp32 (`ACC_DTYPE`, as the generated kernels do) on its
+arguments converted from their dtype, with constants rounded to the tensor's dtype first, and
+rounds its result to the tensor's dtype. In the field `convert` is the identity.
 
 Mirage-specific meanings (chosen to equal how the benchmark functions capture, op for op):
 - silu(x) = x · logistic(x) (jax.nn.silu); sigmoid = logistic;
 - gelu(x) = (0.5·x) · (1 − erf(−x · c)), c = 1/√2 rounded to the tensor's dtype, which is how
   `jax.nn.gelu(x, approximate=False)` captures (erfc(y) normalised into 1 − erf(y));
-- rms_norm(x) = x / sqrt(sum(x·x, last) / n) with NO eps (the original's), computed in fp32;
-  an optional `eps` param (rms_norm, accum_rms_last) adds it under the sqrt: our benchmarks'
-  rms_norm has one, and `add_scalar` (x + scalar) spells it where the mean is separate;
-- accumulators and norms compute in fp32 (`convert`), like the generated kernels; in the field
-  `convert` is the identity. Counts n are exact fp32 constants, so a mean is sum / n.
+- rms_norm(x) = x / sqrt(sum(x·x, last) / n) with NO eps (the original's); an optional `eps`
+  param (rms_norm, accum_rms_last) adds it under the sqrt: our benchmarks' rms_norm has one,
+  and `add_scalar` (x + scalar) spells it where the mean is separate;
+- counts n are exact fp32 constants, so a mean is sum / n.
 - reduce_max and accum_max exist only as stabilising shifts (Algebra.shift_max): the float
   meaning is the max, the field meaning a fresh random value, so only shift-invariant graphs
   verify.
@@ -30,148 +35,52 @@ Mirage-specific meanings (chosen to equal how the benchmark functions capture, o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-ACC_DTYPE = "float32"
-
-
-class ShapeError(ValueError):
-    """A shape rule is broken (the message says which)."""
-
-
-@dataclass(frozen=True)
-class Ctx:
-    """What `apply` sees: the algebra, the dtype, static full shapes (batch dims + tile)."""
-
-    alg: Any
-    dtype: str
-    nb: int
-    arg_shapes: tuple[tuple[int, ...], ...]
-    out_shape: tuple[int, ...]
-    params: dict
-    forloop_range: int = 1
-
-    def const(self, value: float, dtype: str | None = None) -> Any:
-        dt = dtype or self.dtype
-        return self.alg.constant(np.asarray(value, dtype=dt), dt)
-
-    def tile_axis(self, dim: int, rank: int) -> int:
-        return self.nb + (dim % rank)
-
-
-@dataclass(frozen=True)
-class OpDef:
-    """One op: arity (None = variadic), levels, kind, shape rule, meaning, Mirage names."""
-
-    name: str
-    arity: int | None
-    levels: frozenset[str]
-    kind: str
-    shape: Callable[[Sequence[tuple[int, ...]], dict], tuple[int, ...]]
-    apply: Callable[[Ctx, list[Any]], Any]
-    doc: str
-    params: tuple[str, ...] = ()
-
-
-# ---------------------------------------------------------------------------- shape rules
-def broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    """Equal ranks; each dim equal or 1 on one side (Mirage broadcasts only size-1 dims)."""
-    rank = len(shapes[0])
-    if any(len(s) != rank for s in shapes):
-        raise ShapeError(f"operand ranks differ: {list(shapes)}")
-    out = []
-    for dims in zip(*shapes):
-        big = {d for d in dims if d != 1}
-        if len(big) > 1:
-            raise ShapeError(f"cannot broadcast {list(shapes)}: only size-1 dims broadcast")
-        out.append(big.pop() if big else 1)
-    return tuple(out)
-
-
-def _same(shapes, params):
-    return tuple(shapes[0])
-
-
-def _binary(shapes, params):
-    return broadcast(shapes)
-
-
-def _matmul_shape(shapes, params):
-    a, b = shapes
-    if len(a) < 2 or len(b) < 2 or len(a) != len(b):
-        raise ShapeError(f"matmul needs equal ranks >= 2, got {a} and {b}")
-    if a[-1] != b[-2]:
-        raise ShapeError(f"matmul contraction mismatch: {a} @ {b}")
-    return (*broadcast([a[:-2], b[:-2]]), a[-2], b[-1])
-
-
-def _check_dim(shape, dim):
-    if not -len(shape) <= dim < len(shape):
-        raise ShapeError(f"dim {dim} out of range for rank {len(shape)}")
-    return dim % len(shape)
-
-
-def _reduce_shape(shapes, params):
-    (s,) = shapes
-    d = _check_dim(s, params["dim"])
-    return (*s[:d], 1, *s[d + 1 :])
-
-
-def _concat_shape(shapes, params):
-    d = _check_dim(shapes[0], params["dim"])
-    rank = len(shapes[0])
-    for s in shapes:
-        if len(s) != rank or any(s[i] != shapes[0][i] for i in range(rank) if i != d):
-            raise ShapeError(f"concat along dim {d} needs equal other dims: {list(shapes)}")
-    return (*shapes[0][:d], sum(s[d] for s in shapes), *shapes[0][d + 1 :])
-
-
-def _concat_matmul_shape(shapes, params):
-    a, b, c, d = shapes
-    left = _concat_shape([a, b], {"dim": -1})
-    right = _concat_shape([c, d], {"dim": -2})
-    return _matmul_shape([left, right], params)
-
-
-def _last_to(n):
-    def rule(shapes, params):
-        (s,) = shapes
-        if not s:
-            raise ShapeError("needs rank >= 1")
-        return (*s[:-1], n(s[-1], params))
-
-    return rule
-
-
-def _todimx(last, params):
-    dimx = params["dimx"]
-    if last % dimx:
-        raise ShapeError(f"uneven split: last dim {last} is not a multiple of dimx={dimx}")
-    return dimx
-
-
-def _rescale_shape(reduce_last):
-    def rule(shapes, params):
-        x, m, big_m = shapes
-        broadcast([x, m])
-        if tuple(big_m) != tuple(m):
-            raise ShapeError(f"the final shift {big_m} must have the shift's shape {m}")
-        return (*x[:-1], 1) if reduce_last else tuple(x)
-
-    return rule
+from mirage_jax.mugraph.opdef import ACC_DTYPE as ACC_DTYPE
+from mirage_jax.mugraph.opdef import Ctx as Ctx
+from mirage_jax.mugraph.opdef import Facts
+from mirage_jax.mugraph.opdef import OpDef as OpDef
+from mirage_jax.mugraph.opdef import SearchProps as S
+from mirage_jax.mugraph.opdef import ShapeError as ShapeError
+from mirage_jax.mugraph.opdef import binary as _binary
+from mirage_jax.mugraph.opdef import broadcast as broadcast
+from mirage_jax.mugraph.opdef import broadcast_full as broadcast_full
+from mirage_jax.mugraph.opdef import concat_matmul_shape as _concat_matmul_shape
+from mirage_jax.mugraph.opdef import concat_shape as _concat_shape
+from mirage_jax.mugraph.opdef import eps_params, when
+from mirage_jax.mugraph.opdef import last_to as _last_to
+from mirage_jax.mugraph.opdef import matmul_shape as _matmul_shape
+from mirage_jax.mugraph.opdef import reduce_shape as _reduce_shape
+from mirage_jax.mugraph.opdef import rescale_shape as _rescale_shape
+from mirage_jax.mugraph.opdef import same as _same
+from mirage_jax.mugraph.opdef import todimx as _todimx
 
 
 # ---------------------------------------------------------------------------- meanings
-def _to_acc(ctx, x):
+def _to_acc(ctx: Ctx, x: Any) -> Any:
     return ctx.alg.convert(x, ACC_DTYPE)
 
 
-def _from_acc(ctx, x):
+def _from_acc(ctx: Ctx, x: Any) -> Any:
     return ctx.alg.convert(x, ctx.dtype)
+
+
+def const32(ctx: Ctx, value: float) -> Any:
+    """A constant of the op: rounded to the tensor's dtype, then used in fp32."""
+    return _to_acc(ctx, ctx.const(value))
+
+
+def elementwise(fn: Callable[..., Any]) -> Callable[[Ctx, list[Any]], Any]:
+    """The meaning of an elementwise op `fn(ctx, *args)`: computed in fp32, rounded back."""
+
+    def apply(ctx: Ctx, a: list[Any]) -> Any:
+        return _from_acc(ctx, fn(ctx, *[_to_acc(ctx, x) for x in a]))
+
+    return apply
 
 
 def _sum_keep(ctx, x, axes, shape):
@@ -187,39 +96,18 @@ def _broadcast_to(ctx, x, shape, target):
     return ctx.alg.broadcast_in_dim(x, tuple(target), tuple(range(len(target))))
 
 
-def _exp(ctx, a):
-    return ctx.alg.exp(a[0])
+def _gelu(ctx: Ctx, x: Any) -> Any:
+    alg = ctx.alg
+    half_x = alg.mul(const32(ctx, 0.5), x)
+    y = alg.mul(alg.neg(x), const32(ctx, 1.0 / np.sqrt(2.0)))
+    return alg.mul(half_x, alg.sub(const32(ctx, 1.0), alg.unary("erf", y)))
 
 
-def _square(ctx, a):
-    return ctx.alg.mul(a[0], a[0])
-
-
-def _sqrt(ctx, a):
-    return ctx.alg.unary("sqrt", a[0])
-
-
-def _sigmoid(ctx, a):
-    return ctx.alg.unary("logistic", a[0])
-
-
-def _silu(ctx, a):
-    return ctx.alg.mul(a[0], ctx.alg.unary("logistic", a[0]))
-
-
-def _gelu(ctx, a):
-    alg, x = ctx.alg, a[0]
-    half_x = alg.mul(ctx.const(0.5), x)
-    y = alg.mul(alg.neg(x), ctx.const(1.0 / np.sqrt(2.0)))
-    return alg.mul(half_x, alg.sub(ctx.const(1.0), alg.unary("erf", y)))
-
-
-def _mul_scalar(ctx, a):
-    return ctx.alg.mul(a[0], ctx.const(ctx.params["scalar"]))
-
-
-def _add_scalar(ctx, a):
-    return ctx.alg.add(a[0], ctx.const(ctx.params["scalar"]))
+def _mul_scalar(ctx: Ctx, x: Any) -> Any:
+    s = ctx.params["scalar"]
+    if isinstance(s, tuple):  # ("inv_size", k): a mean's 1/n before sizes are fixed (search terms)
+        return ctx.alg.div(x, ctx.alg.count(s[1]))
+    return ctx.alg.mul(x, const32(ctx, s))
 
 
 def _plus_eps(ctx, ms):
@@ -228,15 +116,10 @@ def _plus_eps(ctx, ms):
     return ms if not eps else ctx.alg.add(ms, ctx.const(eps, ACC_DTYPE))
 
 
-def _bin(name):
-    def apply(ctx, a):
-        return getattr(ctx.alg, name)(a[0], a[1])
-
-    return apply
-
-
 def _matmul(ctx, a):
-    return fold_matmul(ctx.alg, a[0], a[1], ctx.arg_shapes[0], ctx.arg_shapes[1], ctx.dtype)
+    x, y = (_to_acc(ctx, v) for v in a)
+    xs, ys = ctx.arg_shapes
+    return _from_acc(ctx, fold_matmul(ctx.alg, x, y, xs, ys, ACC_DTYPE))
 
 
 def fold_matmul(alg, x, y, xs: tuple[int, ...], ys: tuple[int, ...], dtype: str) -> Any:
@@ -294,7 +177,7 @@ def _rms_norm(ctx, a):
     return _from_acc(ctx, alg.div(x, rms))
 
 
-def _batch_target(ctx, shapes, axis):
+def _batch_target(ctx, shapes):
     """Common shape of concat operands: broadcast batch dims, keep each tile."""
     nb = ctx.nb
     batch = tuple(max(s[i] for s in shapes) for i in range(nb))
@@ -304,7 +187,7 @@ def _batch_target(ctx, shapes, axis):
 def _concat(ctx, a):
     rank = len(ctx.arg_shapes[0]) - ctx.nb
     axis = ctx.tile_axis(ctx.params["dim"], rank)
-    targets = _batch_target(ctx, ctx.arg_shapes, axis)
+    targets = _batch_target(ctx, ctx.arg_shapes)
     xs = [_broadcast_to(ctx, v, s, t) for v, s, t in zip(a, ctx.arg_shapes, targets)]
     return ctx.alg.concatenate(xs, axis)
 
@@ -312,8 +195,8 @@ def _concat(ctx, a):
 def _concat_matmul(ctx, a):
     shapes = ctx.arg_shapes
     rank = len(shapes[0]) - ctx.nb
-    left_t = _batch_target(ctx, shapes[:2], None)
-    right_t = _batch_target(ctx, shapes[2:], None)
+    left_t = _batch_target(ctx, shapes[:2])
+    right_t = _batch_target(ctx, shapes[2:])
     left = ctx.alg.concatenate(
         [_broadcast_to(ctx, v, s, t) for v, s, t in zip(a[:2], shapes[:2], left_t)],
         ctx.tile_axis(-1, rank),
@@ -322,7 +205,7 @@ def _concat_matmul(ctx, a):
         [_broadcast_to(ctx, v, s, t) for v, s, t in zip(a[2:], shapes[2:], right_t)],
         ctx.tile_axis(-2, rank),
     )
-    return ctx.alg.matmul(left, right, ctx.dtype)
+    return _from_acc(ctx, ctx.alg.matmul(_to_acc(ctx, left), _to_acc(ctx, right), ACC_DTYPE))
 
 
 # Accumulators: the argument has loop batch dims (grid..., F) at axes [0, nb); F is axis
@@ -388,120 +271,184 @@ def _accum_rescale(reduce_last: bool):
     return apply
 
 
-def broadcast_full(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(max(ds) if min(ds) == 1 else ds[0] for ds in zip(*shapes))
+# ---------------------------------------------------------------------------- vocabulary offers
+def _mul_scalars(f: Facts) -> list[tuple]:
+    return [(("scalar", s),) for s in f.mul_scalars] + [
+        (("scalar", ("inv_size", k)),) for k in f.inv_sizes
+    ]
+
+
+def _add_scalars(f: Facts) -> list[tuple]:
+    return [(("scalar", s),) for s in f.add_scalars]
+
+
+def _norm_offer(f: Facts) -> list[tuple]:
+    return eps_params(f) if f.has("sqrt", "square", "reduce_sum") else []
+
+
+def _sum_last_offer(f: Facts) -> list[tuple]:
+    return [()] if f.combine or f.has("reduce_sum") or f.has("matmul") else []
+
+
+def _mean_last_offer(f: Facts) -> list[tuple]:
+    return [()] if not f.combine and f.has("reduce_sum", "div") else []
+
+
+def _rms_last_offer(f: Facts) -> list[tuple]:
+    return eps_params(f) if not f.combine and f.has("sqrt", "square") else []
+
+
+def _sub_offer(f: Facts) -> list[tuple]:
+    return [()] if f.has("sub") or f.has("neg") else []
 
 
 # ---------------------------------------------------------------------------- the table
 _KB = frozenset({"kernel", "block"})
 _B = frozenset({"block"})
+_EW = "elementwise"
 
+
+def _names(*types: str, **params: Any) -> dict[str, dict[str, Any]]:
+    return {t: dict(params) for t in types}
+
+
+# The order is the search's canonical op order (`RANK`).
 _TABLE = [
-    OpDef("exp", 1, _KB, "elementwise", _same, _exp, "e**x"),
-    OpDef("square", 1, _KB, "elementwise", _same, _square, "x·x"),
-    OpDef("sqrt", 1, _KB, "elementwise", _same, _sqrt, "square root (uninterpreted in the field)"),
-    OpDef("sigmoid", 1, _KB, "elementwise", _same, _sigmoid, "logistic(x)"),
-    OpDef("silu", 1, _KB, "elementwise", _same, _silu, "x·logistic(x)"),
-    OpDef("gelu", 1, _KB, "elementwise", _same, _gelu, "0.5x·(1 − erf(−x/√2)) (erf form)"),
-    OpDef("mul_scalar", 1, _KB, "elementwise", _same, _mul_scalar, "x·scalar", ("scalar",)),
-    OpDef("add_scalar", 1, _KB, "elementwise", _same, _add_scalar, "x + scalar", ("scalar",)),
-    OpDef("add", 2, _KB, "elementwise", _binary, _bin("add"), "a + b (size-1 broadcasting)"),
-    OpDef("sub", 2, _KB, "elementwise", _binary, _bin("sub"), "a − b (size-1 broadcasting)"),
-    OpDef("mul", 2, _KB, "elementwise", _binary, _bin("mul"), "a · b (size-1 broadcasting)"),
-    OpDef("div", 2, _KB, "elementwise", _binary, _bin("div"), "a / b (size-1 broadcasting)"),
-    OpDef("matmul", 2, _KB, "matmul", _matmul_shape, _matmul, "batched a[..,M,K] @ b[..,K,N]"),
     OpDef(
-        "reduce_sum",
-        1,
-        _KB,
-        "reduce",
-        _reduce_shape,
-        _reduce_sum,
-        "sum over dim, kept as 1",
-        ("dim",),
+        "matmul", 2, _KB, "matmul", _matmul_shape, _matmul, "batched a[..,M,K] @ b[..,K,N]",
+        imports=_names("kn_matmul_op", "tb_matmul_op"),
     ),
     OpDef(
-        "reduce_max",
-        1,
-        _KB,
-        "reduce",
-        _reduce_shape,
-        _reduce_max,
-        "max over dim, kept as 1; only as a softmax shift",
-        ("dim",),
+        "concat_matmul", 4, _B, "matmul", _concat_matmul_shape, _concat_matmul,
+        "(a|b) @ (c;d) = a@c + b@d", imports=_names("tb_concat_then_matmul_op"),
     ),
-    OpDef("rms_norm", 1, _KB, "norm", _same, _rms_norm, "x / sqrt(mean(x², last) + eps?)"),
-    OpDef("concat", None, _KB, "concat", _concat_shape, _concat, "concatenate along dim", ("dim",)),
     OpDef(
-        "concat_matmul",
-        4,
-        _B,
-        "matmul",
-        _concat_matmul_shape,
-        _concat_matmul,
-        "(a|b) @ (c;d) = a@c + b@d",
+        "mul", 2, _KB, _EW, _binary, elementwise(lambda c, a, b: c.alg.mul(a, b)),
+        "a · b (size-1 broadcasting)", search=S(when("mul"), scale_result=False),
+        imports=_names("kn_mul_op", "tb_mul_op"),
+    ),
+    OpDef(
+        "div", 2, _KB, _EW, _binary, elementwise(lambda c, a, b: c.alg.div(a, b)),
+        "a / b (size-1 broadcasting)", search=S(when("div"), scale_result=False, sfu=1),
+        imports=_names("kn_div_op", "tb_div_op"),
+    ),
+    OpDef(
+        "add", 2, _KB, _EW, _binary, elementwise(lambda c, a, b: c.alg.add(a, b)),
+        "a + b (size-1 broadcasting)", search=S(when("add")),
+        imports=_names("kn_add_op", "tb_add_op"),
+    ),
+    OpDef(
+        "sub", 2, _KB, _EW, _binary, elementwise(lambda c, a, b: c.alg.sub(a, b)),
+        "a − b (size-1 broadcasting)", search=S(_sub_offer),
+        imports=_names("kn_sub_op", "tb_sub_op"),
+    ),
+    OpDef(
+        "exp", 1, _KB, _EW, _same, elementwise(lambda c, x: c.alg.exp(x)), "e**x",
+        search=S(when("exp"), sfu=1), imports=_names("kn_exp_op", "tb_exp_op"),
+    ),
+    OpDef(
+        "square", 1, _KB, _EW, _same, elementwise(lambda c, x: c.alg.mul(x, x)), "x·x",
+        search=S(when("square"), scale_result=False),
+        imports=_names("kn_square_op", "tb_square_op"),
+    ),
+    OpDef(
+        "sqrt", 1, _KB, _EW, _same, elementwise(lambda c, x: c.alg.unary("sqrt", x)),
+        "square root (uninterpreted in the field)",
+        search=S(when("sqrt"), scale_result=False, sfu=1),
+        imports=_names("kn_sqrt_op", "tb_sqrt_op"),
+    ),
+    OpDef(
+        "sigmoid", 1, _KB, _EW, _same, elementwise(lambda c, x: c.alg.unary("logistic", x)),
+        "logistic(x)", search=S(when("logistic"), scale_result=False, sfu=2),
+        imports=_names("kn_sigmoid_op", "tb_sigmoid_op"),
+    ),
+    OpDef(
+        "silu", 1, _KB, _EW, _same,
+        elementwise(lambda c, x: c.alg.mul(x, c.alg.unary("logistic", x))), "x·logistic(x)",
+        search=S(when("logistic"), scale_result=False, sfu=2),
+        imports=_names("kn_silu_op", "tb_silu_op"),
+    ),
+    OpDef(
+        "gelu", 1, _KB, _EW, _same, elementwise(_gelu), "0.5x·(1 − erf(−x/√2)) (erf form)",
+        search=S(sfu=2), imports=_names("kn_gelu_op", "tb_gelu_op"),
+    ),
+    OpDef(
+        "mul_scalar", 1, _KB, _EW, _same, elementwise(_mul_scalar), "x·scalar", ("scalar",),
+        search=S(_mul_scalars, scale_result=False),
+    ),
+    OpDef(
+        "add_scalar", 1, _KB, _EW, _same,
+        elementwise(lambda c, x: c.alg.add(x, const32(c, c.params["scalar"]))), "x + scalar",
+        ("scalar",), search=S(_add_scalars, scale_result=False),
+    ),
+    OpDef(
+        "reduce_sum", 1, _KB, "reduce", _reduce_shape, _reduce_sum, "sum over dim, kept as 1",
+        ("dim",),
+        imports={f"{p}_reduction_{d}_op": {"dim": d} for p in ("kn", "tb") for d in range(3)},
+    ),
+    OpDef(
+        "reduce_max", 1, _KB, "reduce", _reduce_shape, _reduce_max,
+        "max over dim, kept as 1; only as a softmax shift", ("dim",),
+    ),
+    OpDef(
+        "rms_norm", 1, _KB, "norm", _same, _rms_norm, "x / sqrt(mean(x², last) + eps?)",
+        search=S(_norm_offer, scale_result=False),
+        imports=_names("kn_rms_norm_op", "tb_rms_norm_op"),
+    ),
+    OpDef(
+        "concat", None, _KB, "concat", _concat_shape, _concat, "concatenate along dim", ("dim",),
+        imports={f"{p}_concat_{d}_op": {"dim": d} for p in ("kn", "tb") for d in range(3)},
     ),
     # For-loop accumulators (block level only; loop tensor in, post-loop tensor out).
-    OpDef("accum_sum", 1, _B, "accum", _same, _accum(False), "Σ over iterations (NO_RED)"),
     OpDef(
-        "accum_sum_last",
-        1,
-        _B,
-        "accum",
-        _last_to(lambda n, p: 1),
-        _accum(True),
-        "Σ over iterations and the last dim (RED_LD_SUM)",
+        "accum_sum", 1, _B, "accum", _same, _accum(False), "Σ over iterations (NO_RED)",
+        search=S(lambda f: [()]),
+        imports=_names(
+            "tb_forloop_accum_nored_op", "tb_forloop_accum_no_red_op", "tb_accum_nored_op"
+        ),
     ),
     OpDef(
-        "accum_mean_last",
-        1,
-        _B,
-        "accum",
-        _last_to(lambda n, p: 1),
-        _accum(True, mean),
-        "mean over iterations and the last dim (RED_LD_MEAN)",
+        "accum_sum_last", 1, _B, "accum", _last_to(lambda n, p: 1), _accum(True),
+        "Σ over iterations and the last dim (RED_LD_SUM)", search=S(_sum_last_offer),
+        imports=_names("tb_forloop_accum_red_ld_sum_op", "tb_accum_red_ld_sum_op"),
     ),
     OpDef(
-        "accum_rms_last",
-        1,
-        _B,
-        "accum",
-        _last_to(lambda n, p: 1),
+        "accum_mean_last", 1, _B, "accum", _last_to(lambda n, p: 1), _accum(True, mean),
+        "mean over iterations and the last dim (RED_LD_MEAN)", search=S(_mean_last_offer),
+        imports=_names("tb_forloop_accum_red_ld_mean_op", "tb_accum_red_ld_mean_op"),
+    ),
+    OpDef(
+        "accum_rms_last", 1, _B, "accum", _last_to(lambda n, p: 1),
         _accum(True, rms, square=True),
         "sqrt(mean(x²) + eps) over iterations and the last dim (RED_LD_RMS); eps optional",
+        search=S(_rms_last_offer),
+        imports=_names("tb_forloop_accum_red_ld_rms_op", "tb_accum_red_ld_rms_op"),
     ),
     OpDef(
-        "accum_sum_todimx",
-        1,
-        _B,
-        "accum",
-        _last_to(_todimx),
-        _accum_todimx,
+        "accum_sum_todimx", 1, _B, "accum", _last_to(_todimx), _accum_todimx,
         "Σ over iterations, last dim strided to dimx: out[j] = Σ_k x[j + dimx·k] (REDTOX)",
-        ("dimx",),
-    ),
-    OpDef("accum_max", 1, _B, "accum", _same, _accum_max, "max over iterations; only as a shift"),
-    OpDef(
-        "accum_rescale_sum",
-        3,
-        _B,
-        "accum",
-        _rescale_shape(False),
-        _accum_rescale(False),
-        "Σ_i x_i·exp(m_i − M): online-softmax rescaled sum (M = accum_max(m))",
+        ("dimx",), search=S(lambda f: [()] if f.combine else []),
+        imports=_names(
+            "tb_forloop_accum_redtox_ld_sum_op", "tb_accum_redtox_ld_sum_op", dimx=None
+        ),
     ),
     OpDef(
-        "accum_rescale_sum_last",
-        3,
-        _B,
-        "accum",
-        _rescale_shape(True),
-        _accum_rescale(True),
-        "Σ_i Σ_last x_i·exp(m_i − M): online-softmax rescaled row sum",
+        "accum_max", 1, _B, "accum", _same, _accum_max, "max over iterations; only as a shift",
+        search=S(when("reduce_max")),
     ),
-]
+    OpDef(
+        "accum_rescale_sum", 3, _B, "accum", _rescale_shape(False), _accum_rescale(False),
+        "Σ_i x_i·exp(m_i − M): online-softmax rescaled sum (M = accum_max(m))", search=S(sfu=2),
+    ),
+    OpDef(
+        "accum_rescale_sum_last", 3, _B, "accum", _rescale_shape(True), _accum_rescale(True),
+        "Σ_i Σ_last x_i·exp(m_i − M): online-softmax rescaled row sum", search=S(sfu=2),
+    ),
+]  # fmt: skip
 
 OPS: dict[str, OpDef] = {o.name: o for o in _TABLE}
+RANK: dict[str, int] = {o.name: i for i, o in enumerate(_TABLE)}
+"""The canonical op order of the search (the table's order)."""
 ACCUMULATORS = tuple(o.name for o in _TABLE if o.kind == "accum")
 # Ops whose block-level argument positions are post-loop tensors (the rest are loop tensors).
 POST_LOOP_ARGS = {"accum_rescale_sum": (2,), "accum_rescale_sum_last": (2,)}

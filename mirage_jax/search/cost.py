@@ -96,14 +96,14 @@ def _op_flops(op: str, arg_tiles, out_tile) -> int:
     return max(big, math.prod(out_tile))
 
 
-SFU_OPS = {"exp": 1, "sqrt": 1, "div": 1, "sigmoid": 2, "silu": 2, "gelu": 2}
-"""Special-function-unit operations per output element (exp2, rsqrt/rcp; sigmoid = exp + rcp)."""
-
-
 def _op_sfu(op: str, out_tile) -> int:
-    if op in ("accum_rescale_sum", "accum_rescale_sum_last"):
-        return 2 * math.prod(out_tile)  # exp of the shift and of the rescale
-    return SFU_OPS.get(op, 0) * math.prod(_pad(n) for n in out_tile)
+    """Special-function-unit operations (exp2, rsqrt/rcp: `SearchProps.sfu` per element) of
+    one op: per padded output element, or per accumulated element for an accumulator (the
+    online-softmax rescales: the exp of the shift and of the rescale)."""
+    spec = OPS[op]
+    if spec.kind == "accum":
+        return spec.search.sfu * math.prod(out_tile)
+    return spec.search.sfu * math.prod(_pad(n) for n in out_tile)
 
 
 def _time(

@@ -19,12 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Const, Node, Program, make_params
-
-ELEMENTWISE = (
-    "add", "sub", "mul", "div", "max", "neg", "exp", "sqrt", "logistic", "tanh", "erf",
-    "integer_pow", "convert",
-)  # fmt: skip
 PASS_THROUGH = ("broadcast_in_dim", "convert", "reshape")
 SMALL = 16
 

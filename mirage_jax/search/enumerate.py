@@ -26,35 +26,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from mirage_jax.mugraph.ops import OPS, ShapeError
+from mirage_jax.mugraph.ops import OPS, RANK, ShapeError
 from mirage_jax.search import expr as E
 from mirage_jax.search.structure import KTensor, MappingClass, is_stack, omap_of
+from mirage_jax.search.targets import Targets
 from mirage_jax.search.vocab import Vocabulary
 
-# Op rank for the canonical order; also the vocabulary's iteration order.
-RANK = {
-    name: i
-    for i, name in enumerate(
-        (
-            "matmul", "concat_matmul", "mul", "div", "add", "sub", "exp", "square", "sqrt",
-            "sigmoid", "silu", "mul_scalar", "add_scalar", "reduce_sum", "reduce_max",
-            "rms_norm", "accum_sum", "accum_sum_last", "accum_mean_last", "accum_rms_last",
-            "accum_sum_todimx", "accum_max", "accum_rescale_sum", "accum_rescale_sum_last",
-        )
-    )
-}  # fmt: skip
-COMMUTATIVE = frozenset({"mul", "add"})
-# unary ops whose top e-node is known: checked against the e-graph before the op is built
-_UNARY_PREFILTER = {
-    "exp": "exp", "sqrt": "sqrt", "sigmoid": "logistic", "mul_scalar": "mul", "add_scalar": "add",
-}  # fmt: skip
-NONLINEAR_UNARY = frozenset({"exp", "square", "sqrt", "sigmoid", "silu", "add_scalar"})
-ACCUMULATORS = frozenset(n for n in RANK if n.startswith("accum_"))
-# A scale by a constant goes on a factor, never on a product or quotient (where commutativity
-# would put it on every factor in turn), and never on another scale.
-_NO_SCALE = frozenset(
-    {"mul", "div", "square", "mul_scalar", "silu", "sigmoid", "sqrt", "rms_norm", "add_scalar"}
-)
+# What the enumeration knows of an op comes from its record (`mugraph/ops.py`): the canonical
+# rank, whether a constant scale may follow it (`SearchProps.scale_result`: a scale goes on a
+# factor, never on a product or quotient where commutativity would put it on every factor in
+# turn, nor on another scale), and, read off its term, whether it is a scale (the only unary op
+# a partial sum allows: `expr.is_scale`), its top e-node (`expr.head`, checked against the
+# e-graph before the op is built) and whether it commutes (`expr.commutative`).
 
 
 @dataclass(frozen=True)
@@ -138,7 +121,7 @@ class BlockEnumerator:
         rep_grid: dict[int, int],
         rep_loop: int,
         vocab: Vocabulary,
-        targets: E.Targets,
+        targets: Targets,
         goal: Goal,
         counters: Counters,
         should_stop: Callable[[], bool] = lambda: False,
@@ -275,13 +258,13 @@ class BlockEnumerator:
         ct = cls[top]
         ok = self.targets.unary_ok
         if not t.transfer:
-            scalable = self._src[top] not in _NO_SCALE
+            src = self._src[top]
+            scalable = src == "input" or OPS[src].search.scale_result
             for name, params in v.unary:
                 if t.shift or (name == "mul_scalar" and not scalable):
                     continue
-                pre = _UNARY_PREFILTER.get(name)
-                arg = params[0][1] if params else None
-                if pre is not None and not isinstance(arg, tuple) and not ok(pre, ct, arg):
+                pre = E.head(name, params)
+                if pre is not None and not ok(pre[0], ct, pre[1]):
                     self.c.generated += 1
                     self.c.prune("expression")
                     continue
@@ -321,7 +304,7 @@ class BlockEnumerator:
                         fwd, rev = self.targets.partners(name, ct)
                         if co in fwd:
                             push(name, (top, other))
-                        if name not in COMMUTATIVE and other != top and co in rev:
+                        if not E.commutative(name) and other != top and co in rev:
                             push(name, (other, top))
                 elif ew and v.shifts and o.shift != t.shift and "sub" in v.binary:
                     push("sub", (other, top) if t.shift else (top, other))
@@ -357,7 +340,7 @@ class BlockEnumerator:
                     continue
                 for name in v.binary:
                     push(name, (top, other))
-                    if name not in COMMUTATIVE:
+                    if not E.commutative(name):
                         push(name, (other, top))
         out.sort(key=lambda c: c[0])
         return out
@@ -460,7 +443,7 @@ class BlockEnumerator:
         return BT(term, tile, labels, post, frozenset(partial), shifted=shifted)
 
     def _unary(self, name, x: BT, tile, params) -> BT | str:
-        if name in NONLINEAR_UNARY and x.partial:
+        if x.partial and not E.is_scale(name, tuple(sorted(params.items()))):
             return "partial"
         t = x.term
         term = E.elementwise(name, t, params)

@@ -37,20 +37,12 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from mirage_jax.mugraph.ops import RANK
 from mirage_jax.search import expr as E
 from mirage_jax.search.enumerate import PruneCounts
+from mirage_jax.search.targets import antichain
 from mirage_jax.search.structure import KernelSpec, KTensor
 
-# rank of kernel-level ops in the canonical order
-RANK = {
-    name: i
-    for i, name in enumerate(
-        (
-            "matmul", "mul", "div", "add", "sub", "exp", "square", "sqrt", "sigmoid", "silu",
-            "mul_scalar", "add_scalar", "reduce_sum", "rms_norm",
-        )
-    )
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -164,7 +156,7 @@ class KernelEnumerator:
                         push("reduce_sum", (a,), (("dim", d),))
                 for b in range(n):
                     for name in v.binary:
-                        if name in ("add", "mul") and b < a:
+                        if E.commutative(name) and b < a:
                             continue  # commutative: one order
                         push(name, (a, b))
         out.sort(key=lambda c: c[0])
@@ -189,9 +181,9 @@ class KernelEnumerator:
             labels = _merge(a.labels, b.labels)
             if labels is None:
                 return "labels"
-            term = {
-                "mul": E.mul, "div": E.div, "add": E.add, "sub": E.sub,
-            }[name](a.term, b.term)  # fmt: skip
+            term = E.elementwise(name, a.term, params, b.term)
+            if term is None:
+                return "vocabulary"
             return KTensor(ref, term, labels, "")
         (x,) = ts
         t = x.term
@@ -223,7 +215,7 @@ class KernelEnumerator:
         combined = [frozenset()]
         for j in range(len(self.targets.terms)):
             got = self.targets.covers(leaves, j)
-            combined = E._antichain([a | b for a in combined for b in got], 16)
+            combined = antichain([a | b for a in combined for b in got], 16)
         choices = [s for s in combined if frontier <= s]
         if not choices:
             self.c.prune("rest cannot read every pre-defined output")

@@ -7,12 +7,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from lax_ir.ops import OPS as LAX_OPS
 from lax_ir.program import Program
 from mirage_jax.mugraph import MuGraph, MuGraphError
 from mirage_jax.search import dims as dims_mod
 from mirage_jax.search import expr as E
 from mirage_jax.search.enumerate import BlockEnumerator, Counters, Goal
 from mirage_jax.search.schedule import grid_expansions, schedule_classes
+from mirage_jax.search.targets import Targets
 from mirage_jax.search.structure import (
     KernelSpec,
     KTensor,
@@ -26,13 +28,8 @@ from mirage_jax.search.structure import (
 )
 from mirage_jax.search.vocab import build_vocabulary
 
-SUPPORTED = frozenset(
-    {
-        "input", "constant", "matmul", "add", "sub", "mul", "div", "neg", "exp", "integer_pow",
-        "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "convert",
-        "sqrt", "logistic", "tanh", "erf", "concatenate",
-    }
-)  # fmt: skip
+SUPPORTED = frozenset(name for name, o in LAX_OPS.items() if o.kind != "residual") - {"max"}
+"""The Lax ops a searched region may contain (`lax_ir.ops`)."""
 
 
 class SearchError(ValueError):
@@ -66,7 +63,7 @@ class Problem:
     small: dict[int, int]
     sizes: dict[int, int]
     inputs: tuple[KTensor, ...]
-    targets: E.Targets
+    targets: Targets
     output_labels: tuple
     vocab: Any
     combine_vocab: Any
@@ -174,7 +171,7 @@ def prepare(program: Program, *, seed: int, budget: Any) -> Problem:
         f"x{k}": frozenset(c for c in sdims.axes[n] if c is not None)
         for k, n in enumerate(small_program.inputs)
     }
-    targets = E.Targets([terms[o] for o in small_program.outputs], var_dims)
+    targets = Targets([terms[o] for o in small_program.outputs], var_dims)
     scalars = E.scalar_constants(small_program, sdims)
     return Problem(
         program=program,
@@ -323,7 +320,7 @@ def run_task(
                                 g, problem.small_program, trials=problem.trials, seed=problem.seed
                             )
                         )
-                    except Exception:  # a missing field meaning: reject, never crash
+                    except fields.FieldSemanticsError:  # outside the field fragment: no proof
                         ok = False
                     out.verified += 1
                     out.verdicts[key] = ok

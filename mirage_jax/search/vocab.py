@@ -1,9 +1,16 @@
-"""The block-op vocabulary of a region: which block ops (with which params) the search tries."""
+"""The block-op vocabulary of a region: which block ops (with which params) the search tries.
+
+The op records decide (`SearchProps.offer` in `mugraph/ops.py`); this module gathers the
+region's facts and asks them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from mirage_jax.mugraph.opdef import Facts
+from mirage_jax.mugraph.ops import OPS
 
 
 @dataclass(frozen=True)
@@ -33,13 +40,15 @@ class Vocabulary:
 def build_vocabulary(
     program: Any, dims: Any, scalars: dict[str, list[float]], combine: bool = False
 ) -> Vocabulary:
-    """The block-op vocabulary of a region: the ops its own ops suggest.
+    """The block-op vocabulary of a region: what the op records offer for its facts.
 
-    A block `reduce_sum` is offered only over dimensions the program sums over other than the
-    last axis of its operand (a last-axis sum is an `accum_*_last`, or inside `rms_norm`), and
-    `reduce_max` only over the dimensions the program's softmax shifts are taken over.
+    The region's facts (`Facts`: its ops, whether it squares a value, its scalar constants,
+    the epsilons its norms may add, the 1/n of its means over non-last axes) are offered to
+    every record (`SearchProps.offer`). A block `reduce_sum` is offered only over dimensions
+    the program sums over other than the last axis of its operand (a last-axis sum is an
+    `accum_*_last`, or inside `rms_norm`), and `reduce_max` only over the dimensions the
+    program's softmax shifts are taken over.
     """
-    ops = set(program.op_counts())
     reduce_dims, shift_dims = set(), set()
     for _, n in program.ops():
         if n.op in ("reduce_sum", "reduce_max"):
@@ -51,59 +60,47 @@ def build_vocabulary(
                     shift_dims.add(src[ax])
                 elif ax != len(src) - 1:
                     reduce_dims.add(src[ax])
-    unary: list[tuple[str, tuple]] = []
-    has_square = any(
+    features = set(program.op_counts())
+    if any(
         (n.op == "mul" and n.args[0] == n.args[1]) or (n.op == "integer_pow" and n.param("y") == 2)
         for _, n in program.ops()
-    )
-    if "exp" in ops:
-        unary.append(("exp", ()))
-    if has_square:
-        unary.append(("square", ()))
-    if "sqrt" in ops:
-        unary.append(("sqrt", ()))
-    if "logistic" in ops:
-        unary += [("sigmoid", ()), ("silu", ())]
-    for s in scalars["mul"]:
-        unary.append(("mul_scalar", (("scalar", s),)))
-    for s in scalars["add"]:
-        unary.append(("add_scalar", (("scalar", s),)))
+    ):
+        features.add("square")
     # the 1/n of a mean over a non-last axis (exact when n is a power of two)
     counted = {k for classes, _ in dims.counts.values() for k in classes}
-    for k in sorted(reduce_dims & counted):
-        if dims.sizes[k] & (dims.sizes[k] - 1) == 0:
-            unary.append(("mul_scalar", (("scalar", ("inv_size", k)),)))
-    eps_values = [None] + [s for s in scalars["add"] if 0 < s < 1e-2]
-    if "sqrt" in ops and has_square and "reduce_sum" in ops:
-        for eps in eps_values:
-            unary.append(("rms_norm", (("eps", eps),) if eps else ()))
-    binary = tuple(
-        b for b in ("mul", "div", "add", "sub") if b in ops or (b == "sub" and "neg" in ops)
+    inv_sizes = tuple(
+        k for k in sorted(reduce_dims & counted) if dims.sizes[k] & (dims.sizes[k] - 1) == 0
     )
-    accs: list[tuple[str, tuple]] = [("accum_sum", ())]
-    if "reduce_sum" in ops or "matmul" in ops:
-        accs.append(("accum_sum_last", ()))
-    if "reduce_sum" in ops and "div" in ops:
-        accs.append(("accum_mean_last", ()))
-    if "sqrt" in ops and has_square:
-        for eps in eps_values:
-            accs.append(("accum_rms_last", (("eps", eps),) if eps else ()))
-    shifts = "reduce_max" in ops
-    if shifts:
-        accs += [("accum_max", ())]
-    if combine:
-        accs = [("accum_sum", ()), ("accum_sum_last", ()), ("accum_sum_todimx", ())]
-        if shifts:
-            accs.append(("accum_max", ()))
+    facts = Facts(
+        features=frozenset(features),
+        mul_scalars=tuple(scalars["mul"]),
+        add_scalars=tuple(scalars["add"]),
+        inv_sizes=inv_sizes,
+        eps=(None, *(s for s in scalars["add"] if 0 < s < 1e-2)),
+        combine=combine,
+    )
+    unary: list[tuple[str, tuple]] = []
+    binary: list[str] = []
+    accs: list[tuple[str, tuple]] = []
+    for op in OPS.values():
+        if op.search.offer is None:
+            continue
+        offers = [(op.name, params) for params in op.search.offer(facts)]
+        if op.kind == "accum":
+            accs += offers
+        elif op.arity == 2:
+            binary += [name for name, _ in offers]
+        else:
+            unary += offers
     return Vocabulary(
         unary=tuple(unary),
-        binary=binary,
+        binary=tuple(binary),
         reduce_dims=frozenset(reduce_dims),
         shift_dims=frozenset(shift_dims),
-        shifts=shifts,
+        shifts="reduce_max" in features,
         accumulators=tuple(accs),
         concat_matmul=_adds_matmuls(program),
-        matmul="matmul" in ops,
+        matmul="matmul" in features,
     )
 
 

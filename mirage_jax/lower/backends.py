@@ -1,0 +1,130 @@
+"""The one registry of backends: name -> lowering module, interpret flag, availability, description.
+
+`lower()`, `mirage_jax.jit`, `explain` and the CLI read it; nothing else names a backend.
+A backend lowers each graph-defined kernel of a µGraph with its module's `build_kernel`
+(pre-defined kernel ops always run as their jnp meaning, which XLA fuses); "reference" lowers
+nothing and runs the µGraph's own evaluator. `mirage_jax.jit` also accepts the two choices in
+`CHOICES` that are not backends: "auto" (resolved by `resolve`) and "xla" (replace nothing).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from types import ModuleType
+
+
+class UnknownBackend(ValueError):
+    """A backend name that is not registered (the message lists the choices)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way to run a µGraph's graph-defined kernels.
+
+    Arguments:
+        name: what users pass (`backend=`, `--backend`).
+        module: the lowering module (with `build_kernel`, `default_config`), or None for the
+            µGraph's jnp evaluator.
+        interpret: kernels run in interpret mode (on any machine; slow).
+        needs_gpu: the kernels only run on a CUDA GPU.
+        requires: Python packages it imports at lowering time.
+        description: one line for help texts.
+    """
+
+    name: str
+    module: str | None
+    interpret: bool
+    needs_gpu: bool
+    description: str
+    requires: tuple[str, ...] = ()
+
+    def missing(self) -> tuple[str, ...]:
+        """The required packages that do not import here."""
+        return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
+
+    def available(self, has_gpu: bool) -> tuple[bool, str]:
+        """Can it run here? (ok, why not)."""
+        if self.needs_gpu and not has_gpu:
+            return False, f"backend {self.name!r} needs a GPU"
+        missing = self.missing()
+        if missing:
+            return False, f"backend {self.name!r} needs {', '.join(missing)} (the `gpu` extra)"
+        return True, ""
+
+    def load(self) -> ModuleType:
+        """The lowering module (imported on first use)."""
+        if self.module is None:
+            raise UnknownBackend(f"backend {self.name!r} has no lowering module")
+        return importlib.import_module(self.module)
+
+
+_PALLAS = "mirage_jax.lower.pallas"
+_TRITON = "mirage_jax.lower.triton"
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("pallas", _PALLAS, False, True, "Pallas kernels (Triton lowering), GPU"),
+        Backend(
+            "triton", _TRITON, False, True, "generated Triton kernels through jax-triton, GPU",
+            ("jax_triton", "triton"),
+        ),
+        Backend(
+            "pallas-interpret", _PALLAS, True, False,
+            "Pallas kernels in interpret mode (any machine, slow; for testing)",
+        ),
+        Backend(
+            "reference", None, False, False,
+            "the µGraph's own jnp evaluator instead of kernels (for testing)",
+        ),
+    )
+}  # fmt: skip
+"""The backends `lower()` accepts."""
+
+CHOICES: dict[str, str] = {
+    "auto": "Triton (jax-triton) on a GPU, else Pallas; XLA without a GPU (default)",
+    **{name: b.description for name, b in BACKENDS.items()},
+    "xla": "never replace a region",
+}
+"""What `mirage_jax.jit(backend=...)` and `--backend` accept, with a line each."""
+
+
+def get(name: str) -> Backend:
+    """The backend `name`, or UnknownBackend listing the choices."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UnknownBackend(
+            f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}"
+        ) from None
+
+
+def gpu_default() -> str:
+    """What "auto" lowers to on a GPU: jax-triton where it imports, else Pallas.
+
+    On the H100 (experiments/results/h100-2026-11-21-final.md) the best searched µGraph through
+    our Triton source was never more than 2% slower than through Pallas and faster on 12 of 21
+    benchmarks (attention at b=8/16 by 1.5-1.7x); Pallas is the fallback when jax-triton is
+    not installed (the `gpu` extra).
+    """
+    return "triton" if not BACKENDS["triton"].missing() else "pallas"
+
+
+def resolve(choice: str, has_gpu: bool) -> tuple[str | None, str]:
+    """The backend a `jit` choice lowers to here, or (None, why every region stays XLA)."""
+    if choice not in CHOICES:
+        raise UnknownBackend(f"backend must be one of {', '.join(CHOICES)}, got {choice!r}")
+    if choice == "xla":
+        return None, "backend='xla'"
+    name = gpu_default() if choice == "auto" and has_gpu else choice
+    if name == "auto":
+        return None, "no GPU (backend='pallas-interpret' runs kernels in interpret mode)"
+    ok, why = BACKENDS[name].available(has_gpu)
+    return (name, "") if ok else (None, f"{why} (backend='pallas-interpret' runs anywhere)")
+
+
+def describe() -> str:
+    """The choices as one help line: "auto (…), pallas (…), …"."""
+    return ", ".join(f"{name} ({text})" for name, text in CHOICES.items())
