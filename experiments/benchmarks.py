@@ -445,3 +445,14 @@ def get(name: str, batch: int = 1) -> Benchmark:
 def paper_suite(batches: Sequence[int] = (1, 8)) -> list[Benchmark]:
     """The benchmarks the figures use: the six workloads plus `gqa_scaled`, our forms."""
     return [get(n, b) for n in PAPER_NAMES for b in batches]
+
+
+def models(size: str = "realistic", batches: Sequence[int] = (1, 8)) -> list[Any]:
+    """The real-model set (`experiments.models`): every model at `size` and each batch.
+
+    Kept apart from `names()`/`BENCHMARKS`, which list the paper's programs only. Imported
+    lazily: the model set needs flax and equinox (the dev extra), the paper's set does not.
+    """
+    from experiments import models as model_set
+
+    return model_set.suite(size, tuple(batches))
