@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.cluster.hierarchy import DisjointSet
 
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
 from lax_ir.ops import OPS
@@ -197,33 +198,22 @@ def _node_label(n: Node) -> str:
     return n.op
 
 
-class _UnionFind:
-    def __init__(self, n: int):
-        self.parent = list(range(n))
-
-    def find(self, x: int) -> int:
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-
 def partition(program: Program) -> Partition:
     """Split `program` into maximal acyclic Lax regions plus residual XLA ops."""
     cls = classify(program)
     nodes = program.nodes
     n = len(nodes)
     active = [i for i in range(n) if cls.kinds[i] != "structural"]
-    uf = _UnionFind(n)
+    groups_of = DisjointSet(range(n))  # node -> its region so far (merged below)
 
     def group_edges() -> dict[int, set[int]]:
         succ: dict[int, set[int]] = {}
         for i in active:
-            gi = uf.find(i)
+            gi = groups_of[i]
             for a in nodes[i].args:
                 if cls.kinds[a] == "structural":
                     continue
-                ga = uf.find(a)
+                ga = groups_of[a]
                 if ga != gi:
                     succ.setdefault(ga, set()).add(gi)
         return succ
@@ -248,16 +238,16 @@ def partition(program: Program) -> Partition:
         for a in nodes[i].args:
             if cls.kinds[a] != "lax":
                 continue
-            ga, gi = uf.find(a), uf.find(i)
+            ga, gi = groups_of[a], groups_of[i]
             if ga == gi:
                 continue
             if not creates_cycle(ga, gi, group_edges()):
-                uf.parent[gi] = ga
+                groups_of.merge(ga, gi)
 
     groups: dict[int, list[int]] = {}
     for i in active:
         if cls.kinds[i] == "lax":
-            groups.setdefault(uf.find(i), []).append(i)
+            groups.setdefault(groups_of[i], []).append(i)
     residual = tuple(i for i in active if cls.kinds[i] == "residual")
 
     # Order units (regions and residual nodes) topologically.

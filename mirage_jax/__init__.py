@@ -3,6 +3,7 @@
 from mirage_jax._version import __version__ as __version__
 from mirage_jax.api import BACKENDS as BACKENDS
 from mirage_jax.api import SEARCH_MODES as SEARCH_MODES
+from mirage_jax.api import FallbackError as FallbackError
 from mirage_jax.api import JitStats as JitStats
 from mirage_jax.api import MirageJit as MirageJit
 from mirage_jax.api import MirageWarning as MirageWarning

@@ -1,8 +1,9 @@
-"""What the decorator asks of its environment: one warning per cause, the device."""
+"""What the decorator asks of its environment: one warning per cause, strictness, the device."""
 
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 import jax
@@ -14,7 +15,29 @@ class MirageWarning(UserWarning):
     """mirage_jax ran (part of) a function as plain XLA; the message says why."""
 
 
+class FallbackError(RuntimeError):
+    """Strict mode: mirage_jax would have run part of a function as XLA (the cause is chained)."""
+
+
+STRICT_ENV = "MIRAGE_JAX_STRICT"
+"""Set to 1 to make every fallback to XLA raise `FallbackError` (as `jit(strict=True)`)."""
+
 _WARNED: set[str] = set()
+
+
+def strict_default() -> bool:
+    """Is strict mode on by the environment (`MIRAGE_JAX_STRICT`)?"""
+    return os.environ.get(STRICT_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def fallback(
+    key: str, message: str, cause: BaseException | None = None, strict: bool | None = None
+) -> None:
+    """A failure that makes (part of) a function run as XLA: a warning, or in strict mode
+    (`strict`, default `strict_default()`) a `FallbackError` with `cause` chained."""
+    if strict_default() if strict is None else strict:
+        raise FallbackError(message) from cause
+    warn_once(key, message)
 
 
 def _library_dirs() -> tuple[str, ...]:

@@ -9,7 +9,9 @@ the kernels in place of their regions and everything else as XLA. `jax.jit`'s ow
 a second call with the same signature does none of this (see `MirageJit.stats`).
 
 Anything that cannot be done (no GPU, no search module, a failed lowering, a stale cache
-entry) falls back to XLA for that region, with one clear warning, never a crash.
+entry) falls back to XLA for that region, with one clear warning, never a crash; in strict
+mode (`strict=True` or `MIRAGE_JAX_STRICT=1`) every failure raises `FallbackError` with its
+cause instead.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import jax
 
 import lax_ir
 from mirage_jax._env import _WARNED as _WARNED
+from mirage_jax._env import FallbackError as FallbackError
 from mirage_jax._env import MirageWarning as MirageWarning
 from mirage_jax._env import device_kind as device_kind
+from mirage_jax._env import fallback, strict_default
 from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.cache import Cache, CacheEntry, lib_version, make_key
+from mirage_jax.lower import backends
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
 from mirage_jax.regions import effective_backend as effective_backend
@@ -38,10 +43,8 @@ from mirage_jax.regions import region_kernel
 from mirage_jax.regions import search_region as search_region
 from mirage_jax.regions import with_xla_vjp as with_xla_vjp
 
-BACKENDS = ("auto", "pallas", "triton", "pallas-interpret", "reference", "xla")
-"""auto: Triton (jax-triton, else Pallas) on a GPU, XLA elsewhere; pallas/triton: GPU kernels; pallas-interpret: Pallas
-kernels in interpret mode (any machine; slow; for tests); reference: the µGraph's own jnp
-evaluator instead of a kernel (tests); xla: never replace a region."""
+BACKENDS = tuple(backends.CHOICES)
+"""What `backend=` accepts (`mirage_jax.lower.backends.CHOICES` says what each is)."""
 SEARCH_MODES = ("auto", "cached", "off")
 """auto: cache, then search on a miss; cached: cache only; off: plain XLA, no cache."""
 DEFAULT_BUDGET_S = 60.0
@@ -115,6 +118,7 @@ class _Options:
     options: Mapping[str, Any] = field(default_factory=dict)
     lower_config: Any = None
     progress: bool | None = None  # tqdm's disable: None = only on a terminal
+    strict: bool = False  # every fallback to XLA raises (FallbackError)
 
     def kwargs(self) -> dict[str, Any]:
         """The options as `MirageJit` keyword arguments."""
@@ -147,15 +151,16 @@ class MirageJit:
         options: Mapping[str, Any] | None = None,
         lower_config: Any = None,
         progress: bool | None = None,
+        strict: bool | None = None,
     ):
         if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if search not in SEARCH_MODES:
             raise ValueError(f"search must be one of {SEARCH_MODES}, got {search!r}")
         self.fn = fn
         self.opts = _Options(
             backend, search, float(budget_s), int(seed), int(workers), dict(options or {}),
-            lower_config, progress,
+            lower_config, progress, strict_default() if strict is None else bool(strict),
         )  # fmt: skip
         self.cache = _open_cache(cache)
         self.stats = JitStats()
@@ -214,10 +219,12 @@ class MirageJit:
             part = lax_ir.partition(program)
         except Exception as e:  # capture never should fail; if it does, XLA still runs
             self.stats.fallbacks += 1
-            warn_once(
+            fallback(
                 f"capture:{id(self.fn)}",
                 f"mirage_jax.jit could not capture {name} ({type(e).__name__}: {e}); "
                 "running it as plain XLA",
+                e,
+                self.opts.strict,
             )
             self._record(TraceRecord(name, None, None, (), self.opts.backend, self.opts.search,
                                      error=f"{type(e).__name__}: {e}"))  # fmt: skip
@@ -261,7 +268,9 @@ class MirageJit:
         for region in pending:
             decision = found[region.index] or _xla(region, "not in the cache (search='cached')")
             if decision.status == "kernel":
-                impl = region_kernel(decision, region, backend, self.opts.lower_config)
+                impl = region_kernel(
+                    decision, region, backend, self.opts.lower_config, self.opts.strict
+                )
                 if isinstance(impl, str):
                     decision = _xla(region, impl, decision)
                 else:
@@ -329,11 +338,13 @@ class Resolver:
                 program=region.program,
                 version=self.version,
             )
-        except Exception as e:  # an unusable cache is never fatal
-            warn_once(
+        except Exception as e:  # an unusable cache is never fatal (strict: raised)
+            fallback(
                 f"cache:{cache.path}",
                 f"mirage_jax cache {cache.path} is unusable ({type(e).__name__}: {e}); "
                 "running without it",
+                e,
+                self.owner.opts.strict,
             )
             return None
         if hit is None:
@@ -350,16 +361,20 @@ class Resolver:
         try:
             found = search_region(region.program, owner.opts, self.backend)
         except SearchUnavailable as e:
-            warn_once(
+            fallback(
                 "search-unavailable",
                 f"mirage_jax.jit(search='auto'): {e}; regions not in the cache run as XLA",
+                e,
+                owner.opts.strict,
             )
             return _xla(region, f"search unavailable: {e}")
-        except Exception as e:
-            warn_once(
+        except Exception as e:  # a bug in the search: reported (strict: raised)
+            fallback(
                 f"search-failed:{key}",
                 f"mirage_jax search failed on region {region.index} "
                 f"({type(e).__name__}: {e}); it runs as XLA",
+                e,
+                owner.opts.strict,
             )
             return _xla(region, f"search failed ({type(e).__name__}: {e})")
         owner.stats.searches += 1
@@ -480,6 +495,7 @@ def jit(
     options: Mapping[str, Any] | None = None,
     lower_config: Any = None,
     progress: bool | None = None,
+    strict: bool | None = None,
 ) -> Any:
     """Compile `fn` like `jax.jit`, replacing its Lax regions with verified fused kernels.
 
@@ -498,6 +514,9 @@ def jit(
         options: extra options that change the result (part of the cache key).
         lower_config: a lowering config passed to `mirage_jax.lower.lower`.
         progress: show a progress bar while searching (None: only on a terminal).
+        strict: every fallback to XLA (a failed capture, search, lowering or cache read)
+            raises `FallbackError` with its cause instead of warning (None: the
+            `MIRAGE_JAX_STRICT` environment variable decides).
     """
     kwargs = dict(
         static_argnums=static_argnums,
@@ -513,6 +532,7 @@ def jit(
         options=options,
         lower_config=lower_config,
         progress=progress,
+        strict=strict,
     )
     if fn is None:
         return functools.partial(jit, **kwargs)

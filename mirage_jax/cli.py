@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mirage_jax.lower import backends
+
 DTYPES = {
     "f16": "float16",
     "bf16": "bfloat16",
@@ -32,12 +34,7 @@ ARG_HELP = (
     "(f16, bf16, f32, f64, i32, ... or a numpy name; f32[] is a scalar), or a Python literal "
     "(int, float, string, tuple), which is passed as a static value"
 )
-BACKEND_HELP = (
-    "kernel backend: auto (Triton via jax-triton on a GPU, else Pallas; XLA without a GPU; "
-    "default), pallas, triton, "
-    "pallas-interpret (Pallas interpret mode, any machine, slow), reference (the µGraph's "
-    "jnp evaluator, for testing), xla (never replace a region)"
-)
+BACKEND_HELP = "kernel backend: " + backends.describe()
 CACHE_HELP = (
     "the cache database (default: $MIRAGE_JAX_CACHE, else "
     "$XDG_CACHE_HOME/mirage_jax/cache.sqlite, i.e. ~/.cache/mirage_jax/cache.sqlite)"

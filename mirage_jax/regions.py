@@ -8,7 +8,6 @@ and wraps it as a `jax.custom_vjp` whose backward pass is the XLA vjp of the reg
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,37 +15,27 @@ from typing import Any
 import jax
 
 import lax_ir
-from mirage_jax._env import device_kind, has_gpu, warn_once
+from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
+from mirage_jax.lower import backends
 
 
 def gpu_default_backend() -> str:
-    """What backend="auto" lowers to on a GPU: jax-triton where it imports, else Pallas.
-
-    On the H100 (experiments/results/h100-2026-11-21-final.md) the best searched µGraph through
-    our Triton source was never more than 2% slower than through Pallas and faster on 12 of 21
-    benchmarks (attention at b=8/16 by 1.5-1.7x); Pallas is the fallback when jax-triton is
-    not installed (the `gpu` extra).
-    """
-    import importlib.util
-
-    return "triton" if importlib.util.find_spec("jax_triton") is not None else "pallas"
+    """What backend="auto" lowers to on a GPU (`backends.gpu_default`)."""
+    return backends.gpu_default()
 
 
 def effective_backend(backend: str) -> tuple[str | None, str]:
     """The backend kernels are lowered for, or (None, why every region stays XLA)."""
-    if backend == "xla":
-        return None, "backend='xla'"
-    if backend in ("pallas-interpret", "reference"):
-        return backend, ""
-    if has_gpu():
-        return (gpu_default_backend() if backend == "auto" else backend), ""
-    warn_once(
-        "no-gpu",
-        f"no GPU: mirage_jax.jit runs the XLA path (backend={backend!r} needs a GPU); "
-        "pass backend='pallas-interpret' to run the kernels in Pallas interpret mode "
-        "(slow, for testing)",
-    )
-    return None, "no GPU (backend='pallas-interpret' runs kernels in interpret mode)"
+    gpu = has_gpu()
+    name, why = backends.resolve(backend, gpu)
+    if name is None and backend != "xla" and not gpu:
+        warn_once(
+            "no-gpu",
+            f"no GPU: mirage_jax.jit runs the XLA path (backend={backend!r} needs a GPU); "
+            "pass backend='pallas-interpret' to run the kernels in Pallas interpret mode "
+            "(slow, for testing)",
+        )
+    return name, why
 
 
 class SearchUnavailable(RuntimeError):
@@ -103,7 +92,7 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
         return SearchOutcome(None, None, None, {}, f"outside the search's fragment: {e}")
     if not result.mugraphs:
         return SearchOutcome(None, None, None, {}, result.message or result.stop_reason)
-    timed = has_gpu() and backend in ("pallas", "triton")
+    timed = has_gpu() and backends.get(backend).needs_gpu
     xs = random_inputs(program, opts.seed)
 
     def timer(fn: Callable[..., Any], _: Any) -> tuple[float, str]:
@@ -123,6 +112,7 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
         lower=lambda g, backend: jax.jit(lower_mugraph(g, backend, opts.lower_config)),
         verify_trials=3,
         seed=opts.seed,
+        strict=opts.strict,
     )
     t = {"device": device_kind(), "search": result.message}
     if timed and sel.passed:
@@ -137,16 +127,23 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
     return SearchOutcome(g, mugraph_to_json(g), record, t, sel.reason)
 
 
-def region_kernel(decision: Any, region: Any, backend: str, lower_config: Any) -> Callable | str:
-    """The region's replacement (a custom_vjp around the lowered µGraph), or why not."""
+def region_kernel(
+    decision: Any, region: Any, backend: str, lower_config: Any, strict: bool | None = None
+) -> Callable | str:
+    """The region's replacement (a custom_vjp around the lowered µGraph), or why not.
+
+    A failure is a warning and the region runs as XLA; in strict mode it raises (`fallback`).
+    """
     program = region.program
     try:
         impl = lower_mugraph(decision.mugraph, backend, lower_config)
-    except Exception as e:
-        warn_once(
+    except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
+        fallback(
             f"lower:{decision.cache_key}:{backend}",
             f"mirage_jax: could not lower the µGraph of region {region.index} for "
             f"{backend} ({type(e).__name__}: {e}); it runs as XLA",
+            e,
+            strict,
         )
         return f"lowering failed ({type(e).__name__}: {e})"
     order = (decision.verification or {}).get("output_order")
@@ -159,19 +156,23 @@ def region_kernel(decision: Any, region: Any, backend: str, lower_config: Any) -
     specs = [jax.ShapeDtypeStruct(s, d) for s, d in program.input_avals]
     try:
         got = [(tuple(o.shape), str(o.dtype)) for o in jax.eval_shape(ordered, *specs)]
-    except Exception as e:
-        warn_once(
+    except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
+        fallback(
             f"lower-shape:{decision.cache_key}:{backend}",
             f"mirage_jax: the lowered µGraph of region {region.index} fails to trace "
             f"({type(e).__name__}: {e}); it runs as XLA",
+            e,
+            strict,
         )
         return f"lowered kernel fails to trace ({type(e).__name__})"
     want = [(tuple(s), str(d)) for s, d in program.output_avals]
     if got != want:
-        warn_once(
+        fallback(
             f"lower-avals:{decision.cache_key}:{backend}",
             f"mirage_jax: the lowered µGraph of region {region.index} returns {got}, the region "
             f"{want}; it runs as XLA",
+            None,
+            strict,
         )
         return "lowered kernel has the wrong output shapes/dtypes"
     return with_xla_vjp(ordered, program)
@@ -180,17 +181,9 @@ def region_kernel(decision: Any, region: Any, backend: str, lower_config: Any) -
 def lower_mugraph(
     mugraph: Any, backend: str, lower_config: Any = None
 ) -> Callable[..., Sequence[Any]]:
-    """The µGraph as a JAX function for a `mirage_jax.jit` backend (not "auto"/"xla")."""
-    if backend == "reference":
-        from mirage_jax.mugraph import evaluate
+    """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla")."""
+    from mirage_jax.lower import lower
 
-        return functools.partial(evaluate, mugraph)
-    try:
-        from mirage_jax.lower import lower
-    except ImportError as e:
-        raise RuntimeError(f"mirage_jax.lower is not available ({e})") from e
-    if backend == "pallas-interpret":
-        return lower(mugraph, backend="pallas", config=lower_config, interpret=True)
     return lower(mugraph, backend=backend, config=lower_config)
 
 

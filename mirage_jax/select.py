@@ -21,8 +21,14 @@ from typing import Any
 import numpy as np
 
 from lax_ir.program import Program
+from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.driver import SearchResult
+
+
+class NotEqual(ValueError):
+    """A candidate the full-size verification rejects."""
+
 
 FLOAT_TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 5e-3, "float64": 1e-9}
 """Per output dtype: the relative error (to max |reference|) a lowered kernel may show against
@@ -131,6 +137,7 @@ def select(
     lower: Callable[..., Any] | None = None,
     verify_trials: int | None = None,
     seed: int = 0,
+    strict: bool = False,
 ) -> Selection:
     """Time the `top` best µGraphs of `result` and XLA; return the fastest (XLA wins ties).
 
@@ -151,6 +158,8 @@ def select(
         verify_trials: if given, each µGraph is first verified against `program` at full size
             (`fields.verify` with this many trials and `seed`); one that is not equal is
             dropped, and the verdict's output matching orders its outputs for the float check.
+        strict: a candidate that fails for any reason but a `LoweringError` (the backend
+            cannot build it) or a verdict of "not equal" raises instead of being dropped.
     """
     import jax
 
@@ -199,7 +208,9 @@ def select(
                 contenders.append(Contender(label, None, g, wrong, est, err, verdict))
                 continue
             us = run_timer(fn)[0] if timed else None
-        except Exception as e:  # a lowering or run failure drops the candidate, with the reason
+        except Exception as e:  # a failure drops the candidate, with the reason
+            if strict and not isinstance(e, (LoweringError, NotEqual)):
+                raise
             msg = f"{type(e).__name__}: {e}"[:300]
             contenders.append(Contender(label, None, g, msg, est, None, verdict))
             continue
@@ -227,6 +238,6 @@ def _verify(g: MuGraph, program: Program, trials: int, seed: int) -> tuple[Any, 
 
     verdict = fields.verify(g, program, trials=trials, seed=seed)
     if not verdict.equal:
-        raise ValueError(f"not equal to the region at full size ({verdict.reason})")
+        raise NotEqual(f"not equal to the region at full size ({verdict.reason})")
     order = verdict.output_order
     return verdict, None if order is None else list(order)

@@ -13,9 +13,9 @@ import lax_ir
 from experiments import benchmarks
 from mirage_jax.mugraph import MuGraph, evaluate_reference
 from mirage_jax.search import Budget, SearchError, search
-from mirage_jax.search.targets import Targets
 from mirage_jax.search import dims as dims_mod
 from mirage_jax.search import expr as E
+from mirage_jax.search.targets import Targets
 
 SEARCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "mirage_jax" / "search"
 BUDGET = Budget(time_s=120.0, results=64, confirm=4)

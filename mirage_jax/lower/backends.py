@@ -69,7 +69,7 @@ BACKENDS: dict[str, Backend] = {
         Backend("pallas", _PALLAS, False, True, "Pallas kernels (Triton lowering), GPU"),
         Backend(
             "triton", _TRITON, False, True, "generated Triton kernels through jax-triton, GPU",
-            ("jax_triton", "triton"),
+            ("jax_triton",),
         ),
         Backend(
             "pallas-interpret", _PALLAS, True, False,

@@ -25,6 +25,7 @@ from mirage_jax.lower.retile import retile
 from mirage_jax.mugraph import BlockGraph, MuGraph, MuGraphError, evaluate, validate
 from mirage_jax.mugraph.evaluate import apply_kernel_op
 
+
 def plan(mugraph: MuGraph, min_dot: int = MIN_DOT) -> dict[int, KernelPlan]:
     """Validate `mugraph` and plan each graph-defined kernel (kernel op index -> plan)."""
     try:

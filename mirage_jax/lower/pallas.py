@@ -157,6 +157,8 @@ def _gelu(ctx: OpCtx, x: jax.Array) -> jax.Array:
     x = _f32(x)
     c = dtype_const(ctx, 1.0 / math.sqrt(2.0))
     return dtype_const(ctx, 0.5) * x * (1.0 - _erf(-x * c))
+
+
 for _name, _fn in {
     "add": jnp.add,
     "sub": jnp.subtract,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from scipy.cluster.hierarchy import DisjointSet
 
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import BlockGraph, BlockInfo, MuGraphError, block_info
@@ -179,23 +180,6 @@ class KernelPlan:
         return max(1, min(requested, (smem_bytes - once) // per_iter))
 
 
-class _UnionFind:
-    def __init__(self):
-        self.parent: dict = {}
-
-    def find(self, x):
-        self.parent.setdefault(x, x)
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-    def union(self, a, b):
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[ra] = rb
-
-
 def _where(bg: BlockGraph, t: int) -> str:
     n_in = len(bg.inputs)
     if t < n_in:
@@ -216,13 +200,19 @@ def plan_kernel(
         raise LoweringError(f"{where}: invalid block graph: {e}") from None
     tiles = info.tiles
     n_in = len(bg.inputs)
-    uf = _UnionFind()
+    classes = DisjointSet()  # (tensor, dim) pairs that must pad alike
     dot_roots: set = set()
 
     def tie(a: int, da: int, b: int, db: int) -> None:
         sa, sb = tiles[a][da], tiles[b][db]
         if sa > 1 and sa == sb:
-            uf.union((a, da % len(tiles[a])), (b, db % len(tiles[b])))
+            x, y = (a, da % len(tiles[a])), (b, db % len(tiles[b]))
+            classes.add(x)
+            classes.add(y)
+            classes.merge(x, y)
+
+    def root(x: tuple[int, int]) -> tuple[int, int]:
+        return classes[x] if x in classes else x  # noqa: SIM401 (DisjointSet has no get)
 
     matmuls: dict[int, tuple[MatmulPlan, ...]] = {}
     shifts: dict[int, int] = {}
@@ -320,7 +310,7 @@ def plan_kernel(
             raise LoweringError(f"{w}: no plan rule for block op {op.op!r}")
 
     # Padded sizes per class (all members of a class have one size).
-    dot_classes = {uf.find(x) for x in dot_roots}
+    dot_classes = {root(x) for x in dot_roots}
     pads: list[tuple[int, ...]] = []
     for t, tile in enumerate(tiles):
         p = []
@@ -329,7 +319,7 @@ def plan_kernel(
                 p.append(1)
                 continue
             need = next_pow2(s)
-            if uf.find((t, d)) in dot_classes:
+            if root((t, d)) in dot_classes:
                 need = max(need, min_dot)
             p.append(need)
         pads.append(tuple(p))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+
 class LoweringError(ValueError):
     """A µGraph cannot be lowered; the message names the op, the rule and the backend."""
 

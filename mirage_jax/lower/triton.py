@@ -138,8 +138,12 @@ registry.add(
         f"(1.0 - tl.math.erf(-{c.f32(x, 0)} * {dtype_const(c, 0.7071067811865476)}))"
     ),
 )
-registry.add(BACKEND, "mul_scalar", lambda c, x: f"{c.f32(x, 0)} * {dtype_const(c, c.params['scalar'])}")
-registry.add(BACKEND, "add_scalar", lambda c, x: f"{c.f32(x, 0)} + {dtype_const(c, c.params['scalar'])}")
+registry.add(
+    BACKEND, "mul_scalar", lambda c, x: f"{c.f32(x, 0)} * {dtype_const(c, c.params['scalar'])}"
+)
+registry.add(
+    BACKEND, "add_scalar", lambda c, x: f"{c.f32(x, 0)} + {dtype_const(c, c.params['scalar'])}"
+)
 
 
 def _dot(c: OpCtx, a: str, b: str, ia: int, ib: int, path: str) -> str:

@@ -28,6 +28,7 @@ from mirage_jax.mugraph.validate import block_info
 
 DATA_TYPES = {941: "float16", 921: "float16", 950: "float32", 930: "float32"}
 
+
 def _imports(prefix: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """Mirage op type -> (our op, params), from the op records' `imports` (`ops.py`)."""
     return {

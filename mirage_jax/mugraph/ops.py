@@ -42,7 +42,7 @@ import numpy as np
 
 from mirage_jax.mugraph.opdef import ACC_DTYPE as ACC_DTYPE
 from mirage_jax.mugraph.opdef import Ctx as Ctx
-from mirage_jax.mugraph.opdef import Facts
+from mirage_jax.mugraph.opdef import Facts, eps_params, when
 from mirage_jax.mugraph.opdef import OpDef as OpDef
 from mirage_jax.mugraph.opdef import SearchProps as S
 from mirage_jax.mugraph.opdef import ShapeError as ShapeError
@@ -51,7 +51,6 @@ from mirage_jax.mugraph.opdef import broadcast as broadcast
 from mirage_jax.mugraph.opdef import broadcast_full as broadcast_full
 from mirage_jax.mugraph.opdef import concat_matmul_shape as _concat_matmul_shape
 from mirage_jax.mugraph.opdef import concat_shape as _concat_shape
-from mirage_jax.mugraph.opdef import eps_params, when
 from mirage_jax.mugraph.opdef import last_to as _last_to
 from mirage_jax.mugraph.opdef import matmul_shape as _matmul_shape
 from mirage_jax.mugraph.opdef import reduce_shape as _reduce_shape

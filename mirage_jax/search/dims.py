@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.cluster.hierarchy import DisjointSet
 
 from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Const, Node, Program, make_params
+
 PASS_THROUGH = ("broadcast_in_dim", "convert", "reshape")
 SMALL = 16
 
@@ -57,40 +59,25 @@ class Dims:
         return self.axes[node]
 
 
-class _UF:
-    def __init__(self) -> None:
-        self.parent: list[int] = []
-
-    def new(self) -> int:
-        self.parent.append(len(self.parent))
-        return len(self.parent) - 1
-
-    def find(self, x: int) -> int:
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-    def union(self, a: int, b: int) -> None:
-        a, b = self.find(a), self.find(b)
-        if a != b:
-            self.parent[max(a, b)] = min(a, b)
-
-
 def analyse(program: Program) -> Dims:
     """The logical dimensions of `program` (see the module docstring)."""
-    uf = _UF()
+    uf = DisjointSet()  # raw axis ids; classes are renumbered densely below
     ids: list[list[int | None]] = []  # per node, per axis: a raw union-find id
     reduced_raw: list[int] = []
     fixed_raw: list[int] = []
     nodes = program.nodes
 
     def fresh(shape: tuple[int, ...]) -> list[int | None]:
-        return [uf.new() if s > 1 else None for s in shape]
+        out: list[int | None] = []
+        for s in shape:
+            out.append(len(uf) if s > 1 else None)
+            if s > 1:
+                uf.add(len(uf))
+        return out
 
     def unite(a: int | None, b: int | None) -> None:
         if a is not None and b is not None:
-            uf.union(a, b)
+            uf.merge(a, b)
 
     for n in nodes:
         out = fresh(n.shape)
@@ -166,13 +153,13 @@ def analyse(program: Program) -> Dims:
     scan = [*program.inputs, *program.outputs, *range(len(nodes))]
     for i in scan:
         for x, s in zip(ids[i], nodes[i].shape):
-            if x is not None and uf.find(x) not in number:
-                number[uf.find(x)] = len(sizes)
+            if x is not None and uf[x] not in number:
+                number[uf[x]] = len(sizes)
                 sizes.append(s)
-    axes = [tuple(None if x is None else number[uf.find(x)] for x in row) for row in ids]
+    axes = [tuple(None if x is None else number[uf[x]] for x in row) for row in ids]
 
     def cls(raw: list[int]) -> frozenset[int]:
-        return frozenset(number[uf.find(x)] for x in raw)
+        return frozenset(number[uf[x]] for x in raw)
 
     outputs = frozenset(c for o in program.outputs for c in axes[o] if c is not None)
     dims = Dims(tuple(axes), tuple(sizes), cls(reduced_raw), outputs, cls(fixed_raw), {})

@@ -343,9 +343,14 @@ def is_scale(name: str, params: tuple) -> bool:
     if t is None:
         return True  # not elementwise: the enumerator checks norms and reductions itself
     n = node(t)
-    return n[0] in ("mul", "div") and _X in n[1:] and node(n[2] if n[1] == _X else n[1])[0] in (
-        "const",
-        "count",
+    return (
+        n[0] in ("mul", "div")
+        and _X in n[1:]
+        and node(n[2] if n[1] == _X else n[1])[0]
+        in (
+            "const",
+            "count",
+        )
     )
 
 

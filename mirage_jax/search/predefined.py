@@ -40,9 +40,8 @@ from dataclasses import dataclass
 from mirage_jax.mugraph.ops import RANK
 from mirage_jax.search import expr as E
 from mirage_jax.search.enumerate import PruneCounts
-from mirage_jax.search.targets import antichain
 from mirage_jax.search.structure import KernelSpec, KTensor
-
+from mirage_jax.search.targets import antichain
 
 
 @dataclass(frozen=True)

@@ -384,5 +384,3 @@ def antichain(sets: list[frozenset], limit: int) -> list[frozenset]:
         if not any(o <= s for o in out):
             out.append(s)
     return out[:limit]
-
-

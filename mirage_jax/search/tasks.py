@@ -14,7 +14,6 @@ from mirage_jax.search import dims as dims_mod
 from mirage_jax.search import expr as E
 from mirage_jax.search.enumerate import BlockEnumerator, Counters, Goal
 from mirage_jax.search.schedule import grid_expansions, schedule_classes
-from mirage_jax.search.targets import Targets
 from mirage_jax.search.structure import (
     KernelSpec,
     KTensor,
@@ -26,6 +25,7 @@ from mirage_jax.search.structure import (
     representative,
     representative_numbers,
 )
+from mirage_jax.search.targets import Targets
 from mirage_jax.search.vocab import build_vocabulary
 
 SUPPORTED = frozenset(name for name, o in LAX_OPS.items() if o.kind != "residual") - {"max"}
