@@ -333,3 +333,35 @@ def test_select_keeps_xla_on_ties_and_takes_a_faster_mugraph():
     sel = select(r, p, top=2, timer=timer(faster), lower=fake_lower)
     assert sel.best is not None and sel.best.canonical_hash == best.canonical_hash
     assert "fastest" in sel.reason
+
+
+def test_tanh_is_searched_and_fused_into_the_matmul_kernel():
+    # tanh is one record (mugraph/ops.py) and a rule per backend; the search offers it where
+    # the region has a tanh and fuses it after the GEMM (GPT-2's tanh-GELU needs it).
+    import jax
+
+    from mirage_jax.lower import lower
+
+    def f(x, w, v):
+        return jnp.tanh(x @ w) * v
+
+    specs = [
+        jax.ShapeDtypeStruct((32, 64), jnp.float16),
+        jax.ShapeDtypeStruct((64, 128), jnp.float16),
+        jax.ShapeDtypeStruct((32, 128), jnp.float16),
+    ]
+    program = lax_ir.partition(lax_ir.capture(f, *specs)).regions[0].program
+    r = search(program, budget=Budget(time_s=60), seed=0, progress=False)
+    fused = [
+        g
+        for g in r.mugraphs
+        if len([op for op in g.ops if op.op != "input"]) == 1
+        and {"matmul", "tanh"}
+        <= {b.op for op in g.ops if op.block_graph for b in op.block_graph.ops}
+    ]
+    assert fused, [g.meta.get("structure") for g in r.mugraphs]
+    rng = np.random.default_rng(0)
+    xs = [(rng.standard_normal(s.shape) * 0.25).astype(np.float16) for s in specs]
+    got = np.asarray(lower(fused[0], backend="pallas-interpret")(*xs)[0], np.float64)
+    want = lax_ir.evaluate_reference(program, *xs)[0]
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 2e-2

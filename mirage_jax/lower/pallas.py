@@ -148,6 +148,7 @@ for _name, _fn in {
     "sqrt": jnp.sqrt,
     "sigmoid": _sigmoid,
     "silu": lambda x: x * _sigmoid(x),
+    "tanh": jnp.tanh,
 }.items():
     registry.add(BACKEND, _name, _unary(_fn))
 

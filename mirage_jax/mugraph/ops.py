@@ -368,6 +368,11 @@ _TABLE = [
         imports=_names("kn_silu_op", "tb_silu_op"),
     ),
     OpDef(
+        "tanh", 1, _KB, _EW, _same, elementwise(lambda c, x: c.alg.unary("tanh", x)),
+        "tanh(x) (uninterpreted in the field)",
+        search=S(when("tanh"), scale_result=False, sfu=2),
+    ),
+    OpDef(
         "gelu", 1, _KB, _EW, _same, elementwise(_gelu), "0.5x·(1 − erf(−x/√2)) (erf form)",
         search=S(sfu=2), imports=_names("kn_gelu_op", "tb_gelu_op"),
     ),
