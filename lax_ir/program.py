@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lax_ir import ops as _ops
+from lax_ir.interpret import interpret as _interpret
 
 
 class Const:
@@ -272,9 +273,7 @@ class Program:
 
     def interpret(self, inputs: Sequence[Any], algebra: Any) -> list[Any]:
         """Evaluate over an Algebra (the evaluation interface Programs share with µGraphs)."""
-        from lax_ir.interpret import interpret
-
-        return interpret(self, inputs, algebra)
+        return _interpret(self, inputs, algebra)
 
     # ------------------------------------------------------------------ printing
     def __str__(self) -> str:

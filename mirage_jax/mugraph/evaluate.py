@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mirage_jax.mugraph.graph import BlockGraph, BlockInput, BlockOutput, MuGraph
 from mirage_jax.mugraph.ops import OPS, Ctx
 from mirage_jax.mugraph.validate import GRID_RANK, BlockInfo, block_info
+
+# `graph.py` builds on this module; its classes are named here for the annotations only.
+BlockGraph = BlockInput = BlockOutput = MuGraph = Any
 
 
 def load_input(alg: Any, x: Any, b: BlockInput, bg: BlockGraph, tile: tuple[int, ...]) -> Any:

@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-GRID_AXES = ("x", "y", "z")
-Ref = tuple[int, int]
+from mirage_jax.mugraph.evaluate import interpret as _interpret
+from mirage_jax.mugraph.render import to_svg, to_text
+from mirage_jax.mugraph.validate import GRID_AXES as GRID_AXES
+from mirage_jax.mugraph.validate import MuGraphError as MuGraphError
+from mirage_jax.mugraph.validate import Ref as Ref
+from mirage_jax.mugraph.validate import kernel_shapes
+
 Params = tuple[tuple[str, Any], ...]
-
-
-class MuGraphError(ValueError):
-    """An ill-formed µGraph; the message names the op and the rule broken."""
 
 
 def make_params(**kwargs: Any) -> Params:
@@ -329,7 +330,6 @@ class MuGraph:
     @cached_property
     def shapes(self) -> dict[Ref, tuple[tuple[int, ...], str]]:
         """(shape, dtype) of every kernel tensor; raises MuGraphError on a broken rule."""
-        from mirage_jax.mugraph.validate import kernel_shapes
 
         return kernel_shapes(self)
 
@@ -346,9 +346,8 @@ class MuGraph:
 
     def interpret(self, inputs: Sequence[Any], algebra: Any) -> list[Any]:
         """Evaluate over an Algebra (the interface µGraphs share with lax_ir Programs)."""
-        from mirage_jax.mugraph.evaluate import interpret
 
-        return interpret(self, inputs, algebra)
+        return _interpret(self, inputs, algebra)
 
     def __repr__(self) -> str:
         name = self.meta.get("name", "mugraph")
@@ -356,12 +355,10 @@ class MuGraph:
         return f"<MuGraph {name}: {len(self.inputs)} inputs, {len(self.ops)} ops ({n} graph-defined), {self.canonical_hash[:12]}>"
 
     def __str__(self) -> str:
-        from mirage_jax.mugraph.render import to_text
 
         return to_text(self)
 
     def _repr_svg_(self) -> str:
-        from mirage_jax.mugraph.render import to_svg
 
         return to_svg(self)
 
@@ -455,7 +452,6 @@ class MuGraphBuilder:
     def shape(self, ref: Ref) -> tuple[tuple[int, ...], str]:
         """(shape, dtype) of a tensor built so far."""
         g = MuGraph(tuple(self._ops), (ref,))
-        from mirage_jax.mugraph.validate import kernel_shapes
 
         return kernel_shapes(g)[ref]
 

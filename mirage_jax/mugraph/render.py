@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
-from mirage_jax.mugraph.graph import GRID_AXES, BlockGraph, MuGraph, Ref
 from mirage_jax.mugraph.ops import OPS
-from mirage_jax.mugraph.validate import block_info
+from mirage_jax.mugraph.validate import GRID_AXES, Ref, block_info
+
+# `graph.py` builds on this module; its classes are named here for the annotations only.
+BlockGraph = MuGraph = Any
 
 _SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 

@@ -1,5 +1,7 @@
 """Shape inference and validation of µGraphs: every broken rule names the op and the rule.
 
+It reads a µGraph by its fields (ops, block graphs, maps), so `graph.py` builds on it.
+
 Structural rules (always checked by shape inference): uneven split, grid axis mapped twice,
 map entries out of range, output not accumulated, output replicated along a grid axis it must
 split, loop and accumulated tensors mixed, shape rules of each op. Resource rules (checked by
@@ -10,11 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-from mirage_jax.mugraph.graph import GRID_AXES, BlockGraph, MuGraph, MuGraphError, Ref
 from mirage_jax.mugraph.ops import OPS, POST_LOOP_ARGS, ShapeError
+
+# `graph.py` re-exports these: this module sits below it (it reads µGraphs by their fields).
+GRID_AXES = ("x", "y", "z")
+Ref = tuple[int, int]
+BlockGraph = MuGraph = Any  # `mirage_jax.mugraph.graph`'s classes (annotations only)
+
+
+class MuGraphError(ValueError):
+    """An ill-formed µGraph; the message names the op and the rule broken."""
+
 
 GRID_RANK = 3  # the vectorised form always has 3 grid axes (missing ones have size 1)
 
