@@ -37,6 +37,14 @@ IDENTITY_PRIMITIVES = {"stop_gradient", "copy", "copy_p", "optimization_barrier_
 SIMPLE = PRIMITIVES  # primitives captured one to one (`lax_ir.ops`)
 
 
+def call_body(eqn: Any) -> Any:
+    """The jaxpr a call equation (`CALL_PRIMITIVES`) runs, or None."""
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return None
+    params = eqn.params
+    return params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
+
+
 def _is_array_leaf(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)) or (
         hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
@@ -72,6 +80,8 @@ def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Program:
     name = getattr(fn, "__name__", "program")
     builder = _Builder()
     in_ids = [builder.input(s.shape, dtype_name(s.dtype)) for s in specs]
+    for k, i in enumerate(in_ids):
+        builder.origins[i].add(("in", k))
     out_ids = builder.inline(closed, in_ids)
     statics = [(i, x) for i, x in enumerate(leaves) if i not in set(dynamic)]
     meta = {
@@ -82,6 +92,8 @@ def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Program:
         "static_outputs": out_tree_box[-1][2],
         "dynamic_leaves": tuple(dynamic),
         "static_leaves": tuple(statics),
+        "jaxpr": closed,  # the traced function, for `mirage_jax.assemble`
+        "origins": tuple(frozenset(o) for o in builder.origins),
     }
     program = Program.build(builder.nodes, in_ids, out_ids, meta)
     from lax_ir.partition import mark_softmax_shifts
@@ -90,17 +102,27 @@ def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Program:
 
 
 class _Builder:
-    """Accumulates normalised Nodes in topological order, with local CSE."""
+    """Accumulates normalised Nodes in topological order, with local CSE.
+
+    `origins[i]` is where node i's value lives in the captured jaxpr: ("in", k) for its k-th
+    input, (path, k) for output k of the equation at `path` (equation indices from the top
+    jaxpr down through the inlined calls). `mirage_jax.assemble` substitutes kernels there.
+    """
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
+        self.origins: list[set] = []
         self._memo: dict[Node, int] = {}
+
+    def _append(self, node: Node) -> int:
+        self.nodes.append(node)
+        self.origins.append(set())
+        return len(self.nodes) - 1
 
     def _emit(self, node: Node) -> int:
         if node.op != "input" and node.op != "opaque" and node in self._memo:
             return self._memo[node]
-        self.nodes.append(node)
-        idx = len(self.nodes) - 1
+        idx = self._append(node)
         self._memo[node] = idx
         return idx
 
@@ -111,8 +133,7 @@ class _Builder:
         return self.nodes[i].dtype
 
     def input(self, shape: Sequence[int], dtype: str) -> int:
-        self.nodes.append(Node("input", (), tuple(int(d) for d in shape), dtype, ()))
-        return len(self.nodes) - 1
+        return self._append(Node("input", (), tuple(int(d) for d in shape), dtype, ()))
 
     def op(
         self, op: str, args: Sequence[int], shape: Sequence[int], dtype: str, **params: Any
@@ -149,7 +170,7 @@ class _Builder:
         return self.op(op, (a, b), shape, dtype)
 
     # ------------------------------------------------------------------ inlining
-    def inline(self, closed: Any, args: Sequence[int]) -> list[int]:
+    def inline(self, closed: Any, args: Sequence[int], path: tuple[int, ...] = ()) -> list[int]:
         jaxpr = getattr(closed, "jaxpr", closed)
         consts = getattr(closed, "consts", ())
         env: dict[Any, int] = {}
@@ -163,21 +184,21 @@ class _Builder:
                 return self.const(np.asarray(v.val), dtype_name(v.aval.dtype))
             return env[v]
 
-        for eqn in jaxpr.eqns:
+        for e, eqn in enumerate(jaxpr.eqns):
             ins = [read(v) for v in eqn.invars]
-            outs = self.equation(eqn, ins)
-            for v, o in zip(eqn.outvars, outs):
+            outs = self.equation(eqn, ins, (*path, e))
+            for k, (v, o) in enumerate(zip(eqn.outvars, outs)):
                 env[v] = o
+                self.origins[o].add(((*path, e), k))
         return [read(v) for v in jaxpr.outvars]
 
-    def equation(self, eqn: Any, ins: list[int]) -> list[int]:
+    def equation(self, eqn: Any, ins: list[int], path: tuple[int, ...] = ()) -> list[int]:
         name = eqn.primitive.name
         params = eqn.params
         outs = eqn.outvars
-        if name in CALL_PRIMITIVES:
-            body = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
-            if body is not None:
-                return self.inline(body, ins)
+        body = call_body(eqn)
+        if body is not None:
+            return self.inline(body, ins, path)
         if name in IDENTITY_PRIMITIVES and len(ins) == 1:
             return ins
         if len(outs) == 1 and _array_aval(outs[0]):

@@ -143,6 +143,9 @@ class Program:
 
         `nodes` must be topologically ordered (args refer to earlier indices). Input nodes
         (op "input") must appear in `inputs`; their `index` param is rewritten to position.
+        A `meta["origins"]` aligned with `nodes` (per node, the set of places in the captured
+        jaxpr that compute it; see `capture`) is carried to the new nodes, merged duplicates'
+        places united.
         """
         nodes = list(nodes)
         for i, n in enumerate(nodes):
@@ -219,11 +222,18 @@ class Program:
             new_nodes.append(
                 Node(n.op, tuple(new_index[digest_of[a]] for a in n.args), n.shape, n.dtype, params)
             )
+        meta = dict(meta or {})
+        if "origins" in meta:
+            places: dict[str, set] = {d: set() for d in order}
+            for i, where in enumerate(meta["origins"]):
+                if digest_of[i] in places:
+                    places[digest_of[i]] |= where
+            meta["origins"] = tuple(frozenset(places[d]) for d in order)
         return Program(
             tuple(new_nodes),
             tuple(new_index[digest_of[i]] for i in inputs),
             tuple(new_index[digest_of[o]] for o in outputs),
-            dict(meta or {}),
+            meta,
         )
 
     # ------------------------------------------------------------------ identity

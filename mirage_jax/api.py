@@ -4,9 +4,11 @@
 `fn` on the tracers' avals (static arguments are baked in), partitions the Program, and
 resolves every Lax region: the in-process memo, then the SQLite cache, then (if allowed) the
 search, choosing a verified µGraph or XLA. Each chosen µGraph is lowered and wrapped in a
-`jax.custom_vjp` whose backward pass is the XLA vjp of its region; `lax_ir.rebuild` then runs
-the kernels in place of their regions and everything else as XLA. `jax.jit`'s own cache means
-a second call with the same signature does none of this (see `MirageJit.stats`).
+`jax.custom_jvp` whose tangent is the XLA jvp of its region; `assemble` then re-binds the
+function's own traced equations with the kernels substituted where their regions' outputs
+were computed. With no kernel, the function itself runs, exactly as under `jax.jit`.
+`jax.jit`'s own cache means a second call with the same signature does none of this (see
+`MirageJit.stats`).
 
 Anything that cannot be done (no GPU, no search module, a failed lowering, a stale cache
 entry) falls back to XLA for that region, with one clear warning, never a crash; in strict
@@ -32,6 +34,7 @@ from mirage_jax._env import device_kind as device_kind
 from mirage_jax._env import fallback, strict_default
 from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
+from mirage_jax.assemble import assemble
 from mirage_jax.cache import Cache, CacheEntry, lib_version, make_key
 from mirage_jax.lower import backends
 from mirage_jax.regions import SearchOutcome as SearchOutcome
@@ -41,7 +44,7 @@ from mirage_jax.regions import gpu_default_backend as gpu_default_backend
 from mirage_jax.regions import lower_mugraph as lower_mugraph
 from mirage_jax.regions import region_kernel
 from mirage_jax.regions import search_region as search_region
-from mirage_jax.regions import with_xla_vjp as with_xla_vjp
+from mirage_jax.regions import with_xla_jvp as with_xla_jvp
 
 BACKENDS = tuple(backends.CHOICES)
 """What `backend=` accepts (`mirage_jax.lower.backends.CHOICES` says what each is)."""
@@ -230,10 +233,26 @@ class MirageJit:
                                      error=f"{type(e).__name__}: {e}"))  # fmt: skip
             return self.fn(*args, **kwargs)
         decisions, replacements = self._resolve(part)
+        run = None
+        if replacements:
+            asm = assemble(program, part, replacements)
+            if asm.skipped:
+                decisions = tuple(
+                    _xla(part.regions[d.index], asm.skipped[d.index], d)
+                    if d.index in asm.skipped
+                    else d
+                    for d in decisions
+                )
+                self.stats.kernels -= len(asm.skipped)
+                self.stats.xla_regions += len(asm.skipped)
+            if asm.substituted:
+                run = lax_ir.as_function(program, asm.fn)
         self._record(
             TraceRecord(name, program, part, decisions, self.opts.backend, self.opts.search)
         )
-        return lax_ir.rebuild(part, replacements)(*args, **kwargs)
+        if run is None:  # nothing replaced: the function itself, exactly as under jax.jit
+            return self.fn(*args, **kwargs)
+        return run(*args, **kwargs)
 
     def _record(self, record: TraceRecord) -> None:
         self.records = [*self.records[-7:], record]

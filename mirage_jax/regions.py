@@ -175,7 +175,7 @@ def region_kernel(
             strict,
         )
         return "lowered kernel has the wrong output shapes/dtypes"
-    return with_xla_vjp(ordered, program)
+    return with_xla_jvp(ordered, program)
 
 
 def lower_mugraph(
@@ -187,21 +187,26 @@ def lower_mugraph(
     return lower(mugraph, backend=backend, config=lower_config)
 
 
-def with_xla_vjp(impl: Callable[..., Sequence[Any]], program: Any) -> Callable[..., list[Any]]:
-    """`impl` as a custom_vjp whose backward pass is the XLA vjp of `program`."""
+def with_xla_jvp(impl: Callable[..., Sequence[Any]], program: Any) -> Callable[..., list[Any]]:
+    """`impl` as a custom_jvp whose tangent is the XLA jvp of the region `program`.
 
-    @jax.custom_vjp
+    The kernel computes the primal; the tangent is XLA's, linear in the input tangents, so
+    forward mode, reverse mode (JAX transposes the tangent), higher orders and vmap all work
+    as they do under `jax.jit`.
+    """
+
+    def xla(*xs: Any) -> tuple[Any, ...]:
+        return tuple(lax_ir.evaluate(program, *xs))
+
+    @jax.custom_jvp
     def kernel(*xs: Any) -> tuple[Any, ...]:
         return tuple(impl(*xs))
 
-    def fwd(*xs: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        return tuple(impl(*xs)), xs
+    @kernel.defjvp
+    def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
+        _, out_tangents = jax.jvp(xla, primals, tangents)
+        return kernel(*primals), out_tangents
 
-    def bwd(xs: tuple[Any, ...], cts: tuple[Any, ...]) -> tuple[Any, ...]:
-        _, vjp = jax.vjp(lambda *a: tuple(lax_ir.evaluate(program, *a)), *xs)
-        return vjp(tuple(cts))
-
-    kernel.defvjp(fwd, bwd)
     return lambda *xs: list(kernel(*xs))
 
 

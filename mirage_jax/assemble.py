@@ -1,0 +1,219 @@
+"""Kernels in place of their regions, everything else as the user's own traced equations.
+
+`assemble` re-binds the jaxpr the function traced to (`lax_ir.capture` keeps it, with where each
+Program node's value lives in it: `meta["origins"]`) equation by equation, as `jax.jit` would
+trace it: the same primitives with the same params, effects included and in their order. A
+region that gets a kernel is substituted where its outputs were computed; the equations that
+computed them are then dead and XLA drops them. Calls (`pjit`, `custom_jvp_call`, ...) are
+bound whole, except those a substituted value lives inside: their bodies are inlined. A region
+none of whose values can be found in the jaxpr (a value only the normalisation made) is not
+substituted (`Assembly.skipped` says why); with nothing substituted, callers run the
+function itself, so it compiles exactly as under `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jax._src import source_info_util  # names and tracebacks of re-bound equations
+from jax.extend import core as jex_core
+
+from lax_ir.capture import call_body
+
+Place = tuple  # ("in", k) or (equation path, output k)
+Key = tuple  # a value of the flattened jaxpr: (scope path, id of the Var)
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """The assembled flat function (inputs: the dynamic leaves), what was substituted, and why
+    any replacement was not."""
+
+    fn: Callable[[Sequence[Any]], list[Any]]
+    substituted: tuple[int, ...]
+    skipped: Mapping[int, str]
+
+
+def _choose(places: frozenset, inputs_first: bool) -> Place | None:
+    """The shallowest place of a value (an input of the function first, for an input)."""
+    if not places:
+        return None
+    ins = sorted(p for p in places if p[0] == "in")
+    if ins and inputs_first:
+        return ins[0]
+    eqs = sorted((p for p in places if p[0] != "in"), key=lambda p: (len(p[0]), p))
+    return eqs[0] if eqs else (ins[0] if ins else None)
+
+
+@dataclass
+class _Op:
+    """One equation of the flattened jaxpr (or a kernel): what it reads and writes."""
+
+    eqn: Any  # None for a kernel
+    ins: list  # Key, or ("lit", value)
+    outs: list[Key]
+    order: int
+    kernel: int | None = None
+    effectful: bool = False
+
+
+class _Flattener:
+    """The jaxpr as one list of equations, inlining the calls on `inline` paths."""
+
+    def __init__(self, inline: set[tuple[int, ...]]):
+        self.inline = inline
+        self.ops: list[_Op] = []
+        self.alias: dict[Key, Key] = {}
+        self.place: dict[Place, Key] = {}
+        self.consts: dict[Key, Any] = {}
+
+    def key(self, scope: tuple[int, ...], v: Any) -> Any:
+        if isinstance(v, jex_core.Literal):
+            return ("lit", v.val)
+        k = (scope, id(v))
+        while k in self.alias:
+            k = self.alias[k]
+        return k
+
+    def run(self, closed: Any, scope: tuple[int, ...], args: Sequence[Key] | None) -> list:
+        jaxpr = closed.jaxpr
+        for v, c in zip(jaxpr.constvars, closed.consts):
+            self.consts[(scope, id(v))] = c
+        if args is not None:
+            for v, a in zip(jaxpr.invars, args):
+                if a[0] != "lit":
+                    self.alias[(scope, id(v))] = a
+        for e, eqn in enumerate(jaxpr.eqns):
+            path = (*scope, e)
+            ins = [self.key(scope, v) for v in eqn.invars]
+            body = call_body(eqn)
+            if body is not None and path in self.inline:
+                body = body if hasattr(body, "consts") else jex_core.ClosedJaxpr(body, ())
+                outs = self.run(body, path, ins)
+                for k, (v, o) in enumerate(zip(eqn.outvars, outs)):
+                    if o[0] == "lit":  # a body that returns a literal: a constant value
+                        self.consts[(scope, id(v))] = o[1]
+                    else:
+                        self.alias[(scope, id(v))] = o
+                    self.place[(path, k)] = self.key(scope, v)
+                continue
+            outs = [(scope, id(v)) for v in eqn.outvars]
+            for k, o in enumerate(outs):
+                self.place[(path, k)] = o
+            effectful = bool(getattr(eqn, "effects", None))
+            self.ops.append(_Op(eqn, ins, outs, len(self.ops), effectful=effectful))
+        return [self.key(scope, v) for v in jaxpr.outvars]
+
+
+def assemble(program: Any, part: Any, replacements: Mapping[int, Callable]) -> Assembly:
+    """The function of `program` (captured with `lax_ir.capture`) with `replacements[k]`
+    computing region k's outputs from its inputs; everything else bound as it was traced."""
+    closed = program.meta["jaxpr"]
+    origins = program.meta["origins"]
+    chosen: dict[int, tuple[list[Place], list[Place]]] = {}
+    skipped: dict[int, str] = {}
+    for k in sorted(replacements):
+        region = part.regions[k]
+        ins = [_choose(origins[i], True) for i in region.inputs]
+        outs = [_choose(origins[o], False) for o in region.outputs]
+        if None in ins or None in outs or any(o[0] == "in" for o in outs):
+            skipped[k] = "a value of the region has no place in the traced jaxpr"
+            continue
+        chosen[k] = (ins, outs)
+    inline = {
+        p[0][:j]
+        for ins, outs in chosen.values()
+        for p in (*ins, *outs)
+        if p[0] != "in"
+        for j in range(1, len(p[0]))
+    }
+    flat = _Flattener(inline)
+    top_in = [((), id(v)) for v in closed.jaxpr.invars]
+    for k, key in enumerate(top_in):
+        flat.place[("in", k)] = key
+    top_out = flat.run(closed, (), None)
+    ops = flat.ops
+    producer: dict[Key, int] = {}
+    for j, op in enumerate(ops):
+        for o in op.outs:
+            producer[o] = j
+    for k, (ins, outs) in chosen.items():
+        out_keys = [flat.place[p] for p in outs]
+        first = min(producer.get(o, len(ops)) for o in out_keys)
+        kop = _Op(None, [flat.place[p] for p in ins], out_keys, first, kernel=k)
+        ops.append(kop)
+        for o in out_keys:
+            producer[o] = len(ops) - 1
+    fn = _schedule(ops, producer, top_in, top_out, flat.consts, replacements)
+    return Assembly(fn, tuple(sorted(chosen)), skipped)
+
+
+def _schedule(ops, producer, top_in, top_out, consts, replacements) -> Callable:
+    """The ops that outputs and effects need, in the traced order where data allows."""
+    deps: list[set[int]] = [set() for _ in ops]
+    for j, op in enumerate(ops):
+        for a in op.ins:
+            if a[0] != "lit" and a in producer and producer[a] != j:
+                deps[j].add(producer[a])
+    last = None
+    for j in sorted((j for j, op in enumerate(ops) if op.effectful), key=lambda j: ops[j].order):
+        if last is not None:
+            deps[j].add(last)  # effects keep their order
+        last = j
+    needed: set[int] = set()
+    stack = [producer[o] for o in top_out if o[0] != "lit" and o in producer]
+    stack += [j for j, op in enumerate(ops) if op.effectful]
+    while stack:
+        j = stack.pop()
+        if j in needed:
+            continue
+        needed.add(j)
+        stack.extend(deps[j])
+    users: dict[int, list[int]] = {j: [] for j in needed}
+    indeg = {j: 0 for j in needed}
+    for j in needed:
+        for d in deps[j]:
+            users[d].append(j)
+            indeg[j] += 1
+    heap = [(ops[j].order, j) for j in needed if indeg[j] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, j = heapq.heappop(heap)
+        order.append(j)
+        for u in users[j]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (ops[u].order, u))
+    if len(order) != len(needed):
+        raise RuntimeError("assemble: the substituted regions make the program cyclic")
+
+    def run(xs: Sequence[Any]) -> list[Any]:
+        env: dict[Key, Any] = dict(consts)
+        env.update(zip(top_in, xs))
+
+        def read(a: Any) -> Any:
+            return a[1] if a[0] == "lit" else env[a]
+
+        for j in order:
+            op = ops[j]
+            vals = [read(a) for a in op.ins]
+            if op.kernel is not None:
+                outs = list(replacements[op.kernel](*vals))
+            else:
+                eqn = op.eqn
+                params = eqn.primitive.get_bind_params(eqn.params)
+                name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+                with (
+                    source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+                    eqn.ctx.manager,
+                ):  # as jax.core.eval_jaxpr binds an equation
+                    got = eqn.primitive.bind(*vals, **params)
+                outs = list(got) if eqn.primitive.multiple_results else [got]
+            env.update(zip(op.outs, outs))
+        return [read(o) for o in top_out]
+
+    return run
