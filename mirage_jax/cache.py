@@ -19,6 +19,22 @@ Nothing read back is trusted:
   also pass a float check of their kernel against the region in float64;
 - `import_` validates every line (types, sizes, hashes, dates, bound) and imports only the
   valid ones, one transaction each; key prefixes are compared literally.
+
+Load-time cost per region: the first lookup of an entry in a process (later ones hit a
+per-process memo), measured with experiments/cache_load_cost.py on the shared 2-core CPU
+container (load average 4-6 from other work, so these are upper figures), fp16 inputs at
+batch 1, backend "reference", median of 5 (experiments/results/cache_load_cost_cpu.json), s:
+
+    region                                     field trial  float check  first lookup  memoised
+    rmsnorm small  X[2,256] W[256,384]               0.006        0.369         0.378     0.003
+    rmsnorm full   X[2,4096] W[4096,6144]            0.564        1.578         2.138     0.002
+    gqa small      Q[2,16,16] K[2,16,256] V[..]      0.015        0.496         0.514     0.003
+    gqa full       Q[2,256,64] K[2,64,4096] V[..]    0.726        0.759         1.534     0.003
+
+The field trial is paid by every entry (the code before paid it on every lookup, not once per
+process); the float check only by entries that did not come from this machine's search. XLA
+compiling the jitted evaluation is 0.3-0.6 s of it (measured separately); on a GPU the check
+compiles the pallas or triton kernel instead, which was not measured here.
 """
 
 from __future__ import annotations
