@@ -161,6 +161,8 @@ class Cache:
         self.path = Path(path).expanduser() if path is not None else default_path()
         self.max_bound = max_bound
         self.float_check = float_check
+        self.failed_writes: list[Exception] = []
+        """The errors of `put`s that failed, oldest first (`mirage_jax.jit` only warns)."""
         self._ready = False
 
     def __repr__(self) -> str:
@@ -300,11 +302,19 @@ class Cache:
         return good
 
     def put(self, entry: CacheEntry) -> None:
-        """Insert or replace `entry`; its key must match its fields and its form must parse."""
-        if entry.key != entry.expected_key():
-            raise ValueError("entry key does not match its fields; build it with Cache.entry")
-        entry = replace(entry, created_at=entry.created_at or time.time())
-        parse_entry(asdict(entry))  # raises InvalidEntry (a ValueError) naming the field
+        """Insert or replace `entry`; its key must match its fields and its form must parse.
+        A failure is raised and also kept in `failed_writes`."""
+        try:
+            if entry.key != entry.expected_key():
+                raise ValueError("entry key does not match its fields; build it with Cache.entry")
+            entry = replace(entry, created_at=entry.created_at or time.time())
+            parse_entry(asdict(entry))  # raises InvalidEntry (a ValueError) naming the field
+            self._write(entry)
+        except Exception as e:
+            self.failed_writes.append(e)
+            raise
+
+    def _write(self, entry: CacheEntry) -> None:
         self._run(
             f"INSERT OR REPLACE INTO entries ({', '.join(_COLUMNS)}) VALUES "
             f"({', '.join('?' * len(_COLUMNS))})",

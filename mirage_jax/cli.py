@@ -65,10 +65,11 @@ def _optimize(args: argparse.Namespace) -> int:
         raise CommandError(f"capture failed: {record.error}")
     searched = [d for d in record.decisions if d.source == "search" and d.mugraph is not None]
     lost = [d for d in searched if not d.cache_key or cache.get_raw(d.cache_key) is None]
-    if lost:
+    if cache.failed_writes or lost:
+        why = f": {one_line(cache.failed_writes[0])}" if cache.failed_writes else ""
         raise CommandError(
-            f"{len(lost)} searched region(s) were not stored in {cache.path} (see the warning "
-            "above); nothing of this run will be found again"
+            f"{max(len(cache.failed_writes), len(lost))} search result(s) were not stored in "
+            f"{cache.path}{why}; this run's results will not be found again"
         )
     n = len(record.decisions)
     kernels = sum(d.status == "kernel" for d in record.decisions)

@@ -136,10 +136,9 @@ def test_optimize_that_stored_nothing_does_not_report_success(capsys, tmp_path, 
     def refuse(self, entry):
         raise CacheUnavailable("disk full")
 
-    monkeypatch.setattr(Cache, "put", refuse)
-    err = fails_in_one_line(
-        capsys, "optimize", FN, *ARGS, "--cache", str(tmp_path / "c.sqlite"),
-        "--backend", "reference", "--budget-s", "2", "-q",
-    )  # fmt: skip
-    assert "not stored" in err
-    assert "fused kernel" not in capsys.readouterr().out
+    monkeypatch.setattr(Cache, "_write", refuse)  # opens, but every write fails
+    argv = [*ARGS, "--cache", str(tmp_path / "c.sqlite"), "--backend", "reference", "-q"]
+    rc = main(["optimize", FN, *argv, "--budget-s", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and "fused kernel" not in out
+    assert err.count("\n") == 1 and "not stored" in err and "disk full" in err
