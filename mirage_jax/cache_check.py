@@ -51,6 +51,8 @@ class LoadCheck:
         output_order: order[j] = i when µGraph output i is region output j (re-derived).
         seed: the seed of the field trial and of the float check's inputs.
         mismatches: how the stored record disagreed with the fresh verification.
+        order_disagreed: the stored output order was not the re-derived one (the first of
+            `mismatches` says how).
         float_check: what the float check ran and its error, or why it did not run.
         field_s, float_s: seconds spent on the field trial and on the float check.
     """
@@ -58,6 +60,7 @@ class LoadCheck:
     output_order: tuple[int, ...]
     seed: int
     mismatches: tuple[str, ...]
+    order_disagreed: bool
     float_check: str
     field_s: float
     float_s: float
@@ -73,11 +76,6 @@ class LoadCheck:
             "field_s": round(self.field_s, 4),
             "float_s": round(self.float_s, 4),
         }
-
-    @property
-    def order_disagreed(self) -> bool:
-        """The stored output order was not the re-derived one."""
-        return any(m.startswith("its stored output order") for m in self.mismatches)
 
 
 def check_against_region(
@@ -113,13 +111,16 @@ def check_against_region(
     if [tuple(outs[i]) for i in order] != [tuple(a) for a in program.output_avals]:
         raise StaleEntry("its µGraph's output shapes or dtypes do not match the region's")
     field_s = time.perf_counter() - t0
-    mismatches = _mismatches(record, verdict, order)
+    stored_order = record.get("output_order")
+    stored_order = tuple(range(len(order))) if stored_order is None else tuple(stored_order)
+    mismatches = _mismatches(record, verdict, stored_order, order)
     t0 = time.perf_counter()
     if float_check == "always" or origin != "search" or mismatches:
         how = _float_check(mugraph, program, order, backend, seed)
     else:
         how = f"not run (origin: {origin})"
-    check = LoadCheck(order, seed, mismatches, how, field_s, time.perf_counter() - t0)
+    float_s = time.perf_counter() - t0
+    check = LoadCheck(order, seed, mismatches, stored_order != order, how, field_s, float_s)
     if memo is not None:
         _PASSED[memo] = check
     return check, True
@@ -145,13 +146,12 @@ def _field_trial(mugraph: Any, program: Any, seed: int) -> Any:
     return verdict
 
 
-def _mismatches(record: Mapping[str, Any], verdict: Any, order: Sequence[int]) -> tuple[str, ...]:
-    """Where the stored record disagrees with the fresh verification."""
+def _mismatches(
+    record: Mapping[str, Any], verdict: Any, stored_order: Sequence[int], order: Sequence[int]
+) -> tuple[str, ...]:
+    """Where the stored record disagrees with the fresh verification (the order first)."""
     found = []
-    stored_order = record.get("output_order")
-    if stored_order is None:
-        stored_order = list(range(len(order)))
-    if list(stored_order) != list(order):
+    if tuple(stored_order) != tuple(order):
         found.append(
             f"its stored output order {list(stored_order)} disagrees with the order "
             f"{list(order)} re-derived by a fresh field verification"
