@@ -3,32 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
-import importlib.util
-import re
+import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mirage_jax.cli_args import (
+    CommandError,
+    Parser,
+    UsageError,
+    at_least_one,
+    function_and_args,
+    key_prefix,
+    one_line,
+    positive_seconds,
+    static_argnums,
+)
+from mirage_jax.cli_args import parse_arg as parse_arg  # the tests' import
 from mirage_jax.lower import backends
 
-DTYPES = {
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "f32": "float32",
-    "f64": "float64",
-    "i8": "int8",
-    "i16": "int16",
-    "i32": "int32",
-    "i64": "int64",
-    "u8": "uint8",
-    "u32": "uint32",
-    "bool": "bool",
-    "pred": "bool",
-}
-_SPEC = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
+TRACEBACK_VAR = "MIRAGE_JAX_TRACEBACK"
+"""Set it to 1 to get the traceback of an unexpected error instead of its one-line message."""
 ARG_HELP = (
     "one positional argument of FUNCTION, in order: an array spec DTYPE[d0,d1,...] "
     "(f16, bf16, f32, f64, i32, ... or a numpy name; f32[] is a scalar), or a Python literal "
@@ -41,99 +38,38 @@ CACHE_HELP = (
 )
 
 
-def parse_arg(text: str) -> Any:
-    """`f16[2,4096]` → a ShapeDtypeStruct; anything else → a Python literal (a static value)."""
-    import jax
-    import jax.numpy as jnp
-
-    m = _SPEC.match(text)
-    if m:
-        name, dims = m.group(1), m.group(2)
-        try:
-            dtype = jnp.dtype(DTYPES.get(name, name))
-        except TypeError:
-            raise UsageError(
-                f"unknown dtype {name!r} in {text!r}; use e.g. f16, bf16, f32"
-            ) from None
-        shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
-        return jax.ShapeDtypeStruct(shape, dtype)
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise UsageError(
-            f"--arg {text!r} is neither an array spec like f16[2,4096] nor a Python literal"
-        ) from None
-
-
-def load_function(target: str) -> Callable[..., Any]:
-    """`package.module:function` or `path/to/file.py:function` (attribute paths allowed)."""
-    if ":" not in target:
-        raise UsageError(f"expected MODULE:FUNCTION, got {target!r}")
-    module_name, _, attr = target.rpartition(":")
-    if module_name.endswith(".py") or "/" in module_name:
-        path = Path(module_name).resolve()
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
-    else:
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))
-        module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"{target} is not callable")
-    return obj
-
-
-class UsageError(ValueError):
-    """A bad command line (printed without a traceback)."""
-
-
-def _function_and_args(args: argparse.Namespace) -> tuple[Callable[..., Any], list[Any]]:
-    try:
-        fn = load_function(args.target)
-    except UsageError:
-        raise
-    except Exception as e:
-        raise UsageError(f"cannot load {args.target}: {type(e).__name__}: {e}") from e
-    return fn, [parse_arg(a) for a in args.arg or []]
-
-
-def _static_argnums(values: list[Any]) -> tuple[int, ...]:
-    import jax
-
-    return tuple(i for i, v in enumerate(values) if not isinstance(v, jax.ShapeDtypeStruct))
-
-
 # ---------------------------------------------------------------------- optimize
 def _optimize(args: argparse.Namespace) -> int:
     import mirage_jax
     from mirage_jax.explain import _region_lines
 
-    fn, values = _function_and_args(args)
+    fn, values = function_and_args(args.target, args.arg or [])
+    cache = _open(args)
+    cache.check_writable()  # before the search: its results would be lost
     record = mirage_jax.superoptimize(
         fn,
         *values,
         backend=args.backend,
         budget_s=args.budget_s,
-        cache=args.cache,
+        cache=cache,
         seed=args.seed,
         workers=args.workers,
-        static_argnums=_static_argnums(values) or None,
+        static_argnums=static_argnums(values) or None,
         progress=not args.quiet,
     )
     if record.error:
-        print(f"mirage-jax optimize: capture failed: {record.error}", file=sys.stderr)
-        return 1
+        raise CommandError(f"capture failed: {record.error}")
+    searched = [d for d in record.decisions if d.source == "search" and d.mugraph is not None]
+    lost = [d for d in searched if not d.cache_key or cache.get_raw(d.cache_key) is None]
+    if cache.failed_writes or lost:
+        why = f": {one_line(cache.failed_writes[0])}" if cache.failed_writes else ""
+        raise CommandError(
+            f"{max(len(cache.failed_writes), len(lost))} search result(s) were not stored in "
+            f"{cache.path}{why}; this run's results will not be found again"
+        )
     n = len(record.decisions)
     kernels = sum(d.status == "kernel" for d in record.decisions)
-    where = args.cache or str(mirage_jax.Cache().path)
-    print(f"# {record.name}: {n} region(s), {kernels} fused kernel(s); cache {where}")
+    print(f"# {record.name}: {n} region(s), {kernels} fused kernel(s); cache {cache.path}")
     for d in record.decisions:
         for line in _region_lines(d):
             print(line)
@@ -151,24 +87,35 @@ def _optimize(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     import mirage_jax
 
-    fn, values = _function_and_args(args)
+    fn, values = function_and_args(args.target, args.arg or [])
+    out = Path(args.svg) if args.svg else None
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CommandError(f"cannot create the picture directory {out}: {_os_reason(e)}") from e
     expl = mirage_jax.explain(
         fn,
         *values,
         search=args.search,
         backend=args.backend,
-        cache=args.cache,
-        static_argnums=_static_argnums(values) or None,
+        cache=_open(args),
+        static_argnums=static_argnums(values) or None,
     )
     print(expl.text(listing=args.listing))
-    if args.svg:
-        out = Path(args.svg)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         for index, svg in expl.svgs().items():
             path = out / f"region{index}.svg"
-            path.write_text(svg, encoding="utf-8")
+            try:
+                path.write_text(svg, encoding="utf-8")
+            except OSError as e:
+                raise CommandError(f"cannot write {path}: {_os_reason(e)}") from e
             print(f"wrote {path}")
     return 0
+
+
+def _os_reason(e: OSError) -> str:
+    return e.strerror or one_line(e)
 
 
 # ---------------------------------------------------------------------- bench
@@ -228,25 +175,26 @@ def _open(args: argparse.Namespace) -> Any:
 
 def _cache_ls(args: argparse.Namespace) -> int:
     cache = _open(args)
-    entries = cache.entries()
+    prefix = key_prefix(args.prefix) if args.prefix is not None else None
+    entries = cache.entries(prefix=prefix)
     print(f"# {cache.path}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     if entries:
         print(
-            f"{'key':16}  {'region':12}  {'kind':7}  {'backend':16}  {'bound':8}  {'speedup':7}  device"
+            f"{'key':16}  {'region':12}  {'kind':7}  {'backend':16}  {'bound':8}  {'speedup':7}  "
+            f"{'origin':7}  device"
         )
     for e in entries:
         v = e.verification.get("verdict") or {}
         t = e.timings
-        speedup = (
-            f"{t['xla_us'] / t['mugraph_us']:.2f}x"
-            if t.get("xla_us") and t.get("mugraph_us")
-            else "-"
-        )
+        try:
+            speedup = f"{float(t['xla_us']) / float(t['mugraph_us']):.2f}x"
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            speedup = "-"
         bound = f"{float(v['bound']):.0e}" if "bound" in v else "-"
         kind = "xla" if e.is_xla else "µgraph"
         print(
             f"{e.key[:16]}  {e.region_hash[:12]}  {kind:7}  {e.backend:16}  {bound:8}  "
-            f"{speedup:7}  {e.device_kind}"
+            f"{speedup:7}  {e.origin:7}  {e.device_kind}"
         )
     return 0
 
@@ -255,20 +203,20 @@ def _cache_show(args: argparse.Namespace) -> int:
     import json
     import time
 
+    key = key_prefix(args.key)
     cache = _open(args)
     try:
-        e = cache.get_raw(args.key)
+        e = cache.get_raw(key)
     except KeyError as err:
-        print(f"mirage-jax cache show: {err.args[0]}", file=sys.stderr)
-        return 2
+        raise UsageError(f"{err.args[0]}; give a longer prefix") from None
     if e is None:
-        print(f"mirage-jax cache show: no entry {args.key!r} in {cache.path}", file=sys.stderr)
-        return 2
+        raise UsageError(f"no entry {args.key!r} in {cache.path} (see mirage-jax cache ls)")
     print(f"key:          {e.key}")
     print(f"region hash:  {e.region_hash}")
     print(f"device kind:  {e.device_kind}")
     print(f"backend:      {e.backend}")
     print(f"library:      {e.lib_version}")
+    print(f"origin:       {e.origin}")
     print(f"options:      {json.dumps(e.options, sort_keys=True)}")
     print(f"created:      {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e.created_at))}")
     print(f"timings:      {json.dumps(e.timings, sort_keys=True) if e.timings else '-'}")
@@ -297,16 +245,28 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 def _cache_export(args: argparse.Namespace) -> int:
     cache = _open(args)
-    n = cache.export(args.path)
+    try:
+        n = cache.export(args.path)
+    except OSError as e:
+        raise CommandError(f"cannot write {args.path}: {_os_reason(e)}") from e
     print(f"exported {n} entr{'y' if n == 1 else 'ies'} from {cache.path} to {args.path}")
     return 0
 
 
 def _cache_import(args: argparse.Namespace) -> int:
     cache = _open(args)
-    n = cache.import_(args.path)
-    print(f"imported {n} entr{'y' if n == 1 else 'ies'} from {args.path} into {cache.path}")
-    return 0
+    try:
+        report = cache.import_(args.path)
+    except OSError as e:
+        raise CommandError(f"cannot read {args.path}: {_os_reason(e)}") from e
+    for lineno, reason in report.rejected:
+        print(f"{args.path}:{lineno}: rejected: {one_line(reason)}", file=sys.stderr)
+    n, bad = report.imported, len(report.rejected)
+    rejected = f"; rejected {bad} line{'' if bad == 1 else 's'}" if bad else ""
+    print(
+        f"imported {n} entr{'y' if n == 1 else 'ies'} from {args.path} into {cache.path}" + rejected
+    )
+    return 1 if bad else 0
 
 
 def _cache_path(args: argparse.Namespace) -> int:
@@ -348,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `mirage-jax` (one subcommand per job)."""
     from mirage_jax import BACKENDS, SEARCH_MODES, __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mirage-jax",
         description="A multi-level tensor-program superoptimizer for JAX (after Mirage, OSDI'25). "
         "It captures a JAX function, cuts out its Lax regions, searches verified µGraphs for "
@@ -369,10 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--arg 'f16[2,4096]' --arg 'f16[4096,6144]'",
     )
     _add_function_args(opt)
-    opt.add_argument("--budget-s", type=float, default=60.0, help="search budget per region, s")
+    opt.add_argument(
+        "--budget-s", type=positive_seconds, default=60.0, help="search budget per region, s (> 0)"
+    )
     opt.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     opt.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
-    opt.add_argument("--workers", type=int, default=1, help="search worker processes")
+    opt.add_argument(
+        "--workers", type=at_least_one, default=1, help="search worker processes (>= 1)"
+    )
     opt.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_cache_arg(opt)
     opt.set_defaults(func=_optimize)
@@ -408,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
         "reference, --jit runs it through mirage_jax.jit. Names: " + ", ".join(_benchmark_names()),
     )
     bench.add_argument("name", help="benchmark name, e.g. rmsnorm, gqa, gated_mlp")
-    bench.add_argument("--batch", "-b", type=int, default=1, help="batch size b (default 1)")
+    bench.add_argument(
+        "--batch", "-b", type=at_least_one, default=1, help="batch size b (default 1)"
+    )
     bench.add_argument("--small", action="store_true", help="reduced shapes (fast on a CPU)")
     bench.add_argument(
         "--check",
@@ -450,7 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text, func in actions:
         p = csub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         if name == "show":
-            p.add_argument("key", help="an entry key or a unique prefix of one")
+            p.add_argument("key", help="an entry key or a unique prefix of one (hexadecimal)")
+        if name == "ls":
+            p.add_argument(
+                "prefix", nargs="?", help="only keys starting with this hexadecimal prefix"
+            )
         if name in ("export", "import"):
             p.add_argument("path", help="the JSON-lines file")
         _add_cache_arg(p, default=argparse.SUPPRESS)
@@ -481,17 +451,40 @@ def _benchmark_names() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `mirage-jax`."""
+    """Entry point of `mirage-jax`: every error is one line on stderr and a non-zero status
+    (2 for a bad command line, 1 otherwise); $MIRAGE_JAX_TRACEBACK=1 shows the traceback of
+    an unexpected one."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    try:
-        return int(args.func(args) or 0)
-    except UsageError as e:
-        print(f"mirage-jax {args.command}: {e}", file=sys.stderr)
-        return 2
+    command = " ".join(c for c in (args.command, getattr(args, "cache_command", None)) if c)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return int(args.func(args) or 0)
+        except UsageError as e:
+            print(f"mirage-jax {command}: {one_line(e)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"mirage-jax {command}: interrupted", file=sys.stderr)
+            return 130
+        except Exception as e:
+            from mirage_jax.cache import CacheUnavailable
+
+            if os.environ.get(TRACEBACK_VAR) == "1":
+                raise
+            expected = isinstance(e, (CommandError, CacheUnavailable))
+            what = "" if expected else f"unexpected {type(e).__name__}: "
+            hint = "" if expected else f" (set {TRACEBACK_VAR}=1 for the traceback)"
+            print(f"mirage-jax {command}: {what}{one_line(e)}{hint}", file=sys.stderr)
+            return 1
+
+
+def _show_warning(message: Any, category: Any, *_: Any, **__: Any) -> None:
+    """Warnings on one line each: "mirage-jax: CacheWarning: ..."."""
+    print(f"mirage-jax: {category.__name__}: {one_line(message, 1000)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,12 @@ def _region_lines(d: RegionDecision) -> list[str]:
             f"field trial(s) (p={v.get('p')}, q={v.get('q')}); false-accept bound "
             f"{float(v.get('bound', 1.0)):.1e}"
         )
+    check = (d.verification or {}).get("load_check")
+    if check:  # set by Cache.lookup (mirage_jax.cache_check)
+        lines.append(
+            f"  checked on load: a fresh field trial re-derived the output order "
+            f"{check['output_order']}; float check: {check['float_check']}"
+        )
     t = d.timings or {}
     mine, xla = t.get("mugraph_us"), t.get("xla_us")
     if mine is not None and xla is not None:

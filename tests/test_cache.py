@@ -159,7 +159,7 @@ def test_corrupt_database_is_moved_aside_and_recreated(tmp_path):
         Path(str(path) + suffix).unlink(missing_ok=True)
     cache = Cache(path)
     with pytest.warns(CacheWarning, match="corrupt"):
-        assert cache.lookup(program.canonical_hash, "cpu", "reference") is None
+        assert cache.lookup(program.canonical_hash, "cpu", "reference", program=program) is None
     assert list(tmp_path.glob("c.sqlite.corrupt-*"))
     cache.store(program, good, device_kind="cpu", backend="reference")
     assert len(Cache(path).entries()) == 1
@@ -176,8 +176,9 @@ def test_export_import_roundtrip(tmp_path):
     lines.append(json.dumps(bad))
     (tmp_path / "team.jsonl").write_text("\n".join(lines) + "\n")
     b = Cache(tmp_path / "b.sqlite")
-    with pytest.warns(CacheWarning, match="key does not match"):
-        assert b.import_(tmp_path / "team.jsonl") == 2
+    report = b.import_(tmp_path / "team.jsonl")
+    assert report.imported == 2
+    assert [n for n, _ in report.rejected] == [3] and "key does not match" in report.rejected[0][1]
     assert b.lookup(program.canonical_hash, "cpu", "reference", program=program)[1] == good
 
 
@@ -185,11 +186,12 @@ def test_several_processes_write_at_once(tmp_path):
     path = tmp_path / "c.sqlite"
     script = textwrap.dedent(
         """
-        import sys
+        import hashlib, sys
         from mirage_jax.cache import Cache
         cache = Cache(sys.argv[1])
         for i in range(50):
-            cache.put(cache.entry(f"{sys.argv[2]}-{i}", "cpu", "pallas", timings={"i": i}))
+            region = hashlib.sha256(f"{sys.argv[2]}-{i}".encode()).hexdigest()
+            cache.put(cache.entry(region, "cpu", "pallas", timings={"i": i}))
         """
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu")
