@@ -201,6 +201,11 @@ class MirageJit:
         """`jax.jit(...).trace` of the assembled function (runs the resolution)."""
         return self._jitted.trace(*args, **kwargs)
 
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The output shapes and dtypes, as `jax.eval_shape` gives them for a `jax.jit` object
+        (static arguments stay static; `jax.eval_shape(f, ...)` traces them all)."""
+        return self._jitted.trace(*args, **kwargs).out_info
+
     def with_options(self, **changes: Any) -> MirageJit:
         """A new MirageJit of the same function with some options changed."""
         cache = self.cache if self.cache is not None else False
@@ -258,7 +263,11 @@ class MirageJit:
         self.records = [*self.records[-7:], record]
 
     def _resolve(self, part: Any) -> tuple[tuple[RegionDecision, ...], dict[int, Callable]]:
-        backend, why_not = effective_backend(self.opts.backend)
+        backend, why_not = (
+            (None, "search='off'")
+            if self.opts.search == "off"
+            else effective_backend(self.opts.backend)
+        )
         decisions: list[RegionDecision] = []
         replacements: dict[int, Callable] = {}
         pending = [r for r in part.regions if not r.is_trivial]

@@ -211,22 +211,22 @@ def _runner(mugraph: Any, backend: str) -> tuple[Callable[..., Sequence[Any]], s
     import jax
 
     from mirage_jax._env import has_gpu
+    from mirage_jax.lower import backends, lower
     from mirage_jax.mugraph import evaluate
 
     reference = jax.jit(functools.partial(evaluate, mugraph))
-    if backend == "reference":
-        return reference, "backend 'reference': the µGraph's reference evaluation (jnp)"
-    if backend in ("pallas", "triton") and not has_gpu():
-        why = f"backend {backend!r} cannot run here: no GPU"
-        return reference, f"the µGraph's reference evaluation (jnp), because {why}"
-    if backend not in ("pallas", "triton", "pallas-interpret"):
-        why = f"backend {backend!r} is unknown to this check"
-        return reference, f"the µGraph's reference evaluation (jnp), because {why}"
-    from mirage_jax.regions import lower_mugraph
-
     try:
-        kernel = jax.jit(lower_mugraph(mugraph, backend))
-    except Exception as e:
+        b = backends.get(backend)
+    except backends.UnknownBackend as e:
+        return reference, f"the µGraph's reference evaluation (jnp), because {e}"
+    if b.module is None:
+        return reference, f"backend {backend!r}: the µGraph's reference evaluation (jnp)"
+    ok, why = b.available(has_gpu())
+    if not ok:
+        return reference, f"the µGraph's reference evaluation (jnp), because {why}"
+    try:
+        kernel = lower(mugraph, backend=backend)
+    except Exception as e:  # any failure to build the kernel condemns the entry, with its cause
         raise StaleEntry(
             f"its kernel does not lower for {backend} ({type(e).__name__}: {e})"
         ) from e
