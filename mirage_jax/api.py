@@ -35,16 +35,20 @@ from mirage_jax._env import fallback, strict_default
 from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.assemble import assemble
-from mirage_jax.cache import Cache, CacheEntry, lib_version, make_key
+from mirage_jax.cache import Cache, lib_version, make_key
+from mirage_jax.function_check import FUNCTION_CHECK, FunctionCheck, kernels_key
+from mirage_jax.function_check import measure as measure_function
 from mirage_jax.lower import backends
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
+from mirage_jax.regions import eagerly, region_kernel
 from mirage_jax.regions import effective_backend as effective_backend
 from mirage_jax.regions import gpu_default_backend as gpu_default_backend
 from mirage_jax.regions import lower_mugraph as lower_mugraph
-from mirage_jax.regions import region_kernel
 from mirage_jax.regions import search_region as search_region
 from mirage_jax.regions import with_xla_jvp as with_xla_jvp
+from mirage_jax.resolve import RegionDecision as RegionDecision
+from mirage_jax.resolve import Resolver, xla_decision
 
 BACKENDS = tuple(backends.CHOICES)
 """What `backend=` accepts (`mirage_jax.lower.backends.CHOICES` says what each is)."""
@@ -70,35 +74,6 @@ class JitStats:
 
 
 @dataclass(frozen=True)
-class RegionDecision:
-    """What one region runs as, and why.
-
-    Arguments:
-        index: the region's index in the partition.
-        region_hash: the canonical hash of the region's Program.
-        status: "kernel" (a µGraph replaces it) or "xla".
-        reason: why (a cache hit, a search result, no GPU, a failure, ...).
-        source: "cache", "search", "memo" or "none".
-        mugraph: the chosen µGraph (None for XLA).
-        verification: the verification record (region, µGraph, output order, verdict).
-        timings: measured times in µs where known (e.g. mugraph_us, xla_us).
-        cache_key: the cache key the decision is stored under ("" if none).
-        backend: the backend a kernel is lowered for ("" for XLA).
-    """
-
-    index: int
-    region_hash: str
-    status: str
-    reason: str
-    source: str = "none"
-    mugraph: Any = None
-    verification: Mapping[str, Any] | None = None
-    timings: Mapping[str, Any] | None = None
-    cache_key: str = ""
-    backend: str = ""
-
-
-@dataclass(frozen=True)
 class TraceRecord:
     """One trace of a MirageJit: the Program, its partition, one decision per region."""
 
@@ -109,6 +84,7 @@ class TraceRecord:
     backend: str
     search: str
     error: str = ""
+    function_check: Any = None  # `function_check.FunctionCheck` where kernels were timed
 
 
 @dataclass(frozen=True)
@@ -169,6 +145,7 @@ class MirageJit:
         self.stats = JitStats()
         self.records: list[TraceRecord] = []
         self._memo: dict[str, RegionDecision] = {}
+        self._checks: dict[str, Any] = {}  # whole-function checks by signature key
         self._jit_kwargs = {
             "static_argnums": static_argnums,
             "static_argnames": static_argnames,
@@ -243,7 +220,7 @@ class MirageJit:
             asm = assemble(program, part, replacements)
             if asm.skipped:
                 decisions = tuple(
-                    _xla(part.regions[d.index], asm.skipped[d.index], d)
+                    xla_decision(part.regions[d.index], asm.skipped[d.index], d)
                     if d.index in asm.skipped
                     else d
                     for d in decisions
@@ -252,12 +229,83 @@ class MirageJit:
                 self.stats.xla_regions += len(asm.skipped)
             if asm.substituted:
                 run = lax_ir.as_function(program, asm.fn)
+        check = None
+        if run is not None and self._timed():
+            check = self._function_check(program, decisions, asm.fn)
+            if check is not None and check.choice == "xla":
+                n = sum(d.status == "kernel" for d in decisions)
+                decisions = tuple(
+                    xla_decision(part.regions[d.index], check.reason, d)
+                    if d.status == "kernel"
+                    else d
+                    for d in decisions
+                )
+                self.stats.kernels -= n
+                self.stats.xla_regions += n
+                run = None
         self._record(
-            TraceRecord(name, program, part, decisions, self.opts.backend, self.opts.search)
+            TraceRecord(
+                name,
+                program,
+                part,
+                decisions,
+                self.opts.backend,
+                self.opts.search,
+                function_check=check,
+            )
         )
         if run is None:  # nothing replaced: the function itself, exactly as under jax.jit
             return self.fn(*args, **kwargs)
         return run(*args, **kwargs)
+
+    def _timed(self) -> bool:
+        """Are kernels timed here (a GPU and a GPU backend)?"""
+        name, _ = effective_backend(self.opts.backend)
+        return name is not None and has_gpu() and backends.get(name).needs_gpu
+
+    def _function_check(self, program: Any, decisions: Sequence[Any], flat: Callable) -> Any:
+        """The whole-function check of this signature: memo, cache, else measured and stored
+        (`mirage_jax.function_check`). None if it cannot run (reported; strict: raised)."""
+        backend, _ = effective_backend(self.opts.backend)
+        options = {
+            FUNCTION_CHECK: kernels_key([d.cache_key for d in decisions if d.status == "kernel"])
+        }
+        key = make_key(program.canonical_hash, device_kind(), backend, lib_version(), options)
+        if key in self._checks:
+            return self._checks[key]
+        check = None
+        if self.cache is not None:
+            try:
+                hit = self.cache.lookup(
+                    program.canonical_hash, device_kind(), backend, options, program=program
+                )
+                if hit is not None and (hit[0].timings or {}).get("choice"):
+                    check = FunctionCheck.from_timings(dict(hit[0].timings))
+            except Exception as e:  # an unusable cache is never fatal (strict: raised)
+                fallback(f"cache:{self.cache.path}", f"mirage_jax cache: {e}", e, self.opts.strict)
+        if check is None:
+            try:
+                check = eagerly(measure_function, program, flat, self.opts.seed)
+            except Exception as e:  # a failed check keeps the kernels, with a warning
+                fallback(
+                    f"function-check:{key}",
+                    f"mirage_jax: the whole-function check failed ({type(e).__name__}: {e}); "
+                    "the kernels are used unchecked",
+                    e,
+                    self.opts.strict,
+                )
+                return None
+            if self.cache is not None:
+                entry = Cache.entry(
+                    program.canonical_hash, device_kind(), backend,
+                    timings=check.timings(), options=options,
+                )  # fmt: skip
+                try:
+                    self.cache.put(entry)
+                except Exception as e:  # not stored: measured again next process
+                    warn_once(f"cache-write:{self.cache.path}", f"mirage_jax cache: {e}")
+        self._checks[key] = check
+        return check
 
     def _record(self, record: TraceRecord) -> None:
         self.records = [*self.records[-7:], record]
@@ -274,12 +322,14 @@ class MirageJit:
         for region in part.regions:
             if region.is_trivial:
                 decisions.append(
-                    _xla(region, "trivial region (only shape/dtype plumbing): nothing to fuse")
+                    xla_decision(
+                        region, "trivial region (only shape/dtype plumbing): nothing to fuse"
+                    )
                 )
             elif self.opts.search == "off":
-                decisions.append(_xla(region, "search='off'"))
+                decisions.append(xla_decision(region, "search='off'"))
             elif backend is None:
-                decisions.append(_xla(region, why_not))
+                decisions.append(xla_decision(region, why_not))
         if self.opts.search == "off" or backend is None or not pending:
             self.stats.xla_regions += len(decisions)
             return tuple(decisions), replacements
@@ -294,13 +344,15 @@ class MirageJit:
             for region in tqdm(misses, desc="mirage_jax search", unit="region", disable=disable):
                 found[region.index] = resolver.search(region)
         for region in pending:
-            decision = found[region.index] or _xla(region, "not in the cache (search='cached')")
+            decision = found[region.index] or xla_decision(
+                region, "not in the cache (search='cached')"
+            )
             if decision.status == "kernel":
                 impl = region_kernel(
                     decision, region, backend, self.opts.lower_config, self.opts.strict
                 )
                 if isinstance(impl, str):
-                    decision = _xla(region, impl, decision)
+                    decision = xla_decision(region, impl, decision)
                 else:
                     replacements[region.index] = impl
             decisions.append(decision)
@@ -310,160 +362,7 @@ class MirageJit:
         return tuple(decisions), replacements
 
 
-class Resolver:
-    """Resolves one region: memo → cache → search (when allowed) → store."""
-
-    def __init__(self, owner: MirageJit, backend: str):
-        self.owner = owner
-        self.backend = backend
-        self.device = device_kind()
-        self.version = lib_version()
-
-    def key_options(self) -> dict[str, Any]:
-        opts = dict(self.owner.opts.options)
-        if self.owner.opts.lower_config is not None:
-            opts["lower_config"] = repr(self.owner.opts.lower_config)
-        return opts
-
-    def key(self, region: Any) -> str:
-        return make_key(
-            region.program.canonical_hash,
-            self.device,
-            self.backend,
-            self.version,
-            self.key_options(),
-        )
-
-    def lookup(self, region: Any) -> RegionDecision | None:
-        """The memo, then the cache; None on a miss."""
-        owner = self.owner
-        key = self.key(region)
-        if key in owner._memo:
-            owner.stats.memo_hits += 1
-            return dataclasses.replace(owner._memo[key], index=region.index, source="memo")
-        decision = self._from_cache(region, key)
-        if decision is not None:
-            owner._memo[key] = decision
-        return decision
-
-    def search(self, region: Any) -> RegionDecision:
-        """Search the region and store the result (an XLA decision if it cannot run)."""
-        key = self.key(region)
-        decision = self._search(region, key)
-        self.owner._memo[key] = decision
-        return decision
-
-    def _from_cache(self, region: Any, key: str) -> RegionDecision | None:
-        cache, stats = self.owner.cache, self.owner.stats
-        if cache is None:
-            return None
-        try:
-            hit = cache.lookup(
-                region.program.canonical_hash,
-                self.device,
-                self.backend,
-                self.key_options(),
-                program=region.program,
-                version=self.version,
-            )
-        except Exception as e:  # an unusable cache is never fatal (strict: raised)
-            fallback(
-                f"cache:{cache.path}",
-                f"mirage_jax cache {cache.path} is unusable ({type(e).__name__}: {e}); "
-                "running without it",
-                e,
-                self.owner.opts.strict,
-            )
-            return None
-        if hit is None:
-            stats.cache_misses += 1
-            return None
-        stats.cache_hits += 1
-        entry, mugraph = hit
-        return self._decision(
-            region, entry, mugraph, "cache", "cached verified µGraph", "cached: no µGraph beat XLA"
-        )
-
-    def _search(self, region: Any, key: str) -> RegionDecision:
-        owner = self.owner
-        try:
-            found = search_region(region.program, owner.opts, self.backend)
-        except SearchUnavailable as e:
-            fallback(
-                "search-unavailable",
-                f"mirage_jax.jit(search='auto'): {e}; regions not in the cache run as XLA",
-                e,
-                owner.opts.strict,
-            )
-            return _xla(region, f"search unavailable: {e}")
-        except Exception as e:  # a bug in the search: reported (strict: raised)
-            fallback(
-                f"search-failed:{key}",
-                f"mirage_jax search failed on region {region.index} "
-                f"({type(e).__name__}: {e}); it runs as XLA",
-                e,
-                owner.opts.strict,
-            )
-            return _xla(region, f"search failed ({type(e).__name__}: {e})")
-        owner.stats.searches += 1
-        entry = Cache.entry(
-            region.program.canonical_hash,
-            self.device,
-            self.backend,
-            mugraph_json=found.mugraph_json,
-            verdict_json=found.verdict_json,
-            timings=found.timings,
-            options=self.key_options(),
-            version=self.version,
-        )
-        if owner.cache is not None and found.cacheable:
-            try:
-                owner.cache.put(entry)
-            except Exception as e:
-                warn_once(
-                    f"cache-write:{owner.cache.path}",
-                    f"mirage_jax cache {owner.cache.path}: could not store a search result "
-                    f"({type(e).__name__}: {e})",
-                )
-        return self._decision(
-            region, entry, found.mugraph, "search", found.reason, f"search: {found.reason}"
-        )
-
-    def _decision(
-        self, region: Any, entry: CacheEntry, mugraph: Any, source: str, why: str, why_xla: str
-    ) -> RegionDecision:
-        """The decision a cache entry (read or just written) stands for."""
-        if mugraph is None:
-            return _xla(region, why_xla, source=source, entry=entry)
-        return RegionDecision(
-            region.index, entry.region_hash, "kernel", why, source, mugraph, entry.verification,
-            entry.timings, entry.key, self.backend,
-        )  # fmt: skip
-
-
-# ---------------------------------------------------------------------- search
 # ---------------------------------------------------------------------- helpers
-def _xla(
-    region: Any,
-    reason: str,
-    base: RegionDecision | None = None,
-    *,
-    source: str = "none",
-    entry: CacheEntry | None = None,
-) -> RegionDecision:
-    if base is not None:
-        return dataclasses.replace(base, status="xla", reason=reason, backend="")
-    return RegionDecision(
-        index=region.index,
-        region_hash=region.program.canonical_hash,
-        status="xla",
-        reason=reason,
-        source=source,
-        timings=entry.timings if entry is not None else None,
-        cache_key=entry.key if entry is not None else "",
-    )
-
-
 def _open_cache(cache: Cache | str | bool | None) -> Cache | None:
     if cache is False:
         return None

@@ -88,6 +88,8 @@ class Explanation:
             f"{n_kernels} of {len(self.decisions)} region(s) run as fused kernels; "
             "everything else runs as XLA"
         )
+        if r.function_check is not None:
+            lines.append(r.function_check.reason)
         for d in self.decisions:
             lines.extend(_region_lines(d))
         return "\n".join(lines)

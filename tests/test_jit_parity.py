@@ -17,7 +17,7 @@ import pytest
 
 import mirage_jax
 from experiments import benchmarks
-from mirage_jax import api
+from mirage_jax import resolve
 from mirage_jax.cache import Cache
 from tests.test_api import (
     assert_close,
@@ -159,7 +159,7 @@ def test_strict_mode_raises_on_a_fallback(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("search exploded")
 
-    monkeypatch.setattr(api, "search_region", broken)
+    monkeypatch.setattr(resolve, "search_region", broken)
     f = mirage_jax.jit(bench.fn, backend="reference", cache=False, strict=True)
     with pytest.raises(mirage_jax.FallbackError, match="search exploded"):
         f(*xs)

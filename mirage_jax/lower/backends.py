@@ -47,7 +47,7 @@ class Backend:
     def available(self, has_gpu: bool) -> tuple[bool, str]:
         """Can it run here? (ok, why not)."""
         if self.needs_gpu and not has_gpu:
-            return False, f"backend {self.name!r} needs a GPU"
+            return False, f"backend {self.name!r} needs a GPU (no GPU here)"
         missing = self.missing()
         if missing:
             return False, f"backend {self.name!r} needs {', '.join(missing)} (the `gpu` extra)"
