@@ -1,0 +1,206 @@
+"""mirage_jax.jit against jax.jit, end to end, with a fresh cache and its own search (GPU).
+
+For each benchmark of `experiments/benchmarks.py` (every name, `--batches`) and each program of
+the real-model set (`experiments/models`, `--models` at `--sizes`), as a user would run it:
+
+- `mirage_jax.jit(fn)` with an empty cache: the first call (capture, search, verification,
+  selection by device time, the whole-function check) is timed by wall clock;
+- its outputs are compared with `jax.jit(fn)`'s (tolerance by dtype);
+- both are timed by the results tables' method (`profile.time_trace`: the GPU's kernel time per
+  call, rotating input sets), in the same run;
+- per region: the choice (kernel or XLA), with the µGraph's and XLA's region times where timed.
+
+Rows are appended to `<out>/never_slower.json` and `.md` as they finish, so a run cut short by a
+time limit keeps what it measured (`--resume` skips rows already there).
+
+    python -m experiments.never_slower --batches 1 8 16 --models all --sizes realistic
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+if not __package__:  # python experiments/X.py: see experiments/_path.py
+    import _path  # noqa: F401
+
+TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 2e-3}
+
+
+def _max_rel(got: Any, want: Any) -> float:
+    worst = 0.0
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        worst = max(worst, float(np.max(np.abs(g64 - w64)) / (np.max(np.abs(w64)) + 1e-30)))
+    return worst
+
+
+def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, str]]:
+    """(key, fn, inputs(seed) -> args, dtype) for every requested program."""
+    from experiments import benchmarks
+    from experiments import models as M
+
+    out = []
+    for batch in args.batches:
+        for name in args.names or benchmarks.names():
+            bm = benchmarks.get(name, batch)
+            out.append((bm.key, bm.fn, bm.make_inputs, str(np.dtype(bm.inputs[0].dtype))))
+    names = M.names() if args.models == ["all"] else (args.models or [])
+    for size in args.sizes:
+        for batch in args.model_batches:
+            for name in names:
+                m = M.get(name, batch=batch, size=size)
+                out.append((f"{m.key}", m.fn, lambda s, m=m: m.make(s).args, str(m.dtype)))
+    return out
+
+
+def measure(key: str, fn: Any, inputs: Any, dtype: str, args: argparse.Namespace) -> dict:
+    import mirage_jax
+    from mirage_jax.profile import time_trace
+
+    xs = inputs(0)
+    with tempfile.TemporaryDirectory() as d:
+        f = mirage_jax.jit(fn, cache=Path(d) / "c.sqlite", workers=args.workers)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = jax.block_until_ready(f(*xs))
+        first_s = time.perf_counter() - t0
+        ref = jax.jit(fn)
+        err = _max_rel(got, ref(*xs))
+        t_jax = time_trace(ref, inputs, calls=args.calls)
+        t_mine = time_trace(f, inputs, calls=args.calls)
+        rec = f.last
+    regions = []
+    for dcs in rec.decisions:
+        t = dcs.timings or {}
+        regions.append(
+            {
+                "index": dcs.index,
+                "status": dcs.status,
+                "reason": dcs.reason[:200],
+                "mugraph_us": t.get("mugraph_us"),
+                "xla_us": t.get("xla_us"),
+                "structure": None if dcs.mugraph is None else dcs.mugraph.meta.get("structure"),
+            }
+        )
+    fc = rec.function_check
+    return {
+        "key": key,
+        "first_call_s": round(first_s, 2),
+        "jax_jit_us": t_jax.median_us,
+        "jax_jit_p10_p90": [t_jax.p10_us, t_jax.p90_us],
+        "mirage_us": t_mine.median_us,
+        "mirage_p10_p90": [t_mine.p10_us, t_mine.p90_us],
+        "speedup": t_jax.median_us / t_mine.median_us,
+        "max_rel_error": err,
+        "tolerance": TOL.get(dtype, 2e-2),
+        "matches": bool(err <= TOL.get(dtype, 2e-2)),
+        "kernels": sum(r["status"] == "kernel" for r in regions),
+        "regions": regions,
+        "function_check": None if fc is None else fc.timings(),
+        "warnings": sorted({str(w.message)[:160] for w in caught}),
+    }
+
+
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    lines = [
+        f"# mirage_jax.jit against jax.jit, fresh cache ({doc['date']}, {m['device']})",
+        "",
+        f"Method: device time per call, `mirage_jax.profile.time_trace` (the sum of the GPU's "
+        f"kernel durations per call from a profiler trace, rotating input sets, median of "
+        f"{doc['calls']} calls); `mirage_jax.jit` with an empty cache and its own search "
+        f"({doc['workers']} workers, default budget), jax {m['jax']}, Python {m['python']}.",
+        "",
+        "| program | first call (s) | jax.jit (µs) | mirage_jax.jit (µs) | speedup | kernels | "
+        "per region (µGraph / XLA µs) | whole-function check | matches |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        regs = "; ".join(
+            f"{g['index']}: {g['status']}"
+            + (
+                f" ({g['mugraph_us']:.1f}/{g['xla_us']:.1f})"
+                if g["mugraph_us"] is not None and g["xla_us"] is not None
+                else ""
+            )
+            for g in r["regions"]
+        )
+        fc = r["function_check"]
+        fcs = "-" if fc is None else f"{fc['choice']} ({fc['kernels_us']:.1f}/{fc['xla_us']:.1f})"
+        lines.append(
+            f"| {r['key']} | {r['first_call_s']} | {r['jax_jit_us']:.2f} | {r['mirage_us']:.2f} "
+            f"| {r['speedup']:.3f}× | {r['kernels']} | {regs} | {fcs} | "
+            f"{'yes' if r['matches'] else 'NO ' + format(r['max_rel_error'], '.2e')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--names", nargs="*", default=None, help="benchmarks (default: all)")
+    p.add_argument("--batches", nargs="*", type=int, default=[1, 8, 16])
+    p.add_argument("--models", nargs="*", default=[], help="model names, or 'all'")
+    p.add_argument("--sizes", nargs="*", default=["realistic"])
+    p.add_argument("--model-batches", nargs="*", type=int, default=[1, 8])
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--out", default="experiments/results")
+    p.add_argument("--stop-after-s", type=float, default=None, help="start no case after this")
+    p.add_argument("--resume", action="store_true", help="keep rows already in the file")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "never_slower.json"
+    doc = {
+        "date": _dt.date.today().isoformat(),
+        "machine": {
+            "device": str(jax.devices()[0].device_kind),
+            "jax": jax.__version__,
+            "python": platform.python_version(),
+        },
+        "calls": args.calls,
+        "workers": args.workers,
+        "rows": [],
+    }
+    if args.resume and path.exists():
+        doc["rows"] = json.loads(path.read_text())["rows"]
+    done = {r["key"] for r in doc["rows"]}
+    t0 = time.perf_counter()
+    for key, fn, inputs, dtype in _cases(args):
+        if key in done:
+            continue
+        if args.stop_after_s is not None and time.perf_counter() - t0 > args.stop_after_s:
+            print(f"stopping before {key}: time limit", flush=True)
+            break
+        try:
+            row = measure(key, fn, inputs, dtype, args)
+        except Exception as e:  # one failing program is reported in the table, not fatal
+            row = {"key": key, "error": f"{type(e).__name__}: {e}"[:400]}
+            print(f"{key}: FAILED {row['error']}", flush=True)
+            (out / "never_slower_errors.json").write_text(json.dumps(row, indent=1))
+            continue
+        doc["rows"].append(row)
+        print(
+            f"{key:>28} first {row['first_call_s']:7.1f} s  jax.jit {row['jax_jit_us']:9.2f} µs  "
+            f"mirage {row['mirage_us']:9.2f} µs  {row['speedup']:.3f}x  kernels {row['kernels']}"
+            f"  match {row['matches']}",
+            flush=True,
+        )
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False))
+        (out / "never_slower.md").write_text(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
