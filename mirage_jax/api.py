@@ -98,6 +98,7 @@ class _Options:
     lower_config: Any = None
     progress: bool | None = None  # tqdm's disable: None = only on a terminal
     strict: bool = False  # every fallback to XLA raises (FallbackError)
+    function_check: bool = True  # time the assembled function against jax.jit (on a GPU)
 
     def kwargs(self) -> dict[str, Any]:
         """The options as `MirageJit` keyword arguments."""
@@ -131,6 +132,7 @@ class MirageJit:
         lower_config: Any = None,
         progress: bool | None = None,
         strict: bool | None = None,
+        function_check: bool = True,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -140,6 +142,7 @@ class MirageJit:
         self.opts = _Options(
             backend, search, float(budget_s), int(seed), int(workers), dict(options or {}),
             lower_config, progress, strict_default() if strict is None else bool(strict),
+            bool(function_check),
         )  # fmt: skip
         self.cache = _open_cache(cache)
         self.stats = JitStats()
@@ -230,7 +233,7 @@ class MirageJit:
             if asm.substituted:
                 run = lax_ir.as_function(program, asm.fn)
         check = None
-        if run is not None and self._timed():
+        if run is not None and self.opts.function_check and self._timed():
             check = self._function_check(program, decisions, asm.fn)
             if check is not None and check.choice == "xla":
                 n = sum(d.status == "kernel" for d in decisions)
@@ -423,6 +426,7 @@ def jit(
     lower_config: Any = None,
     progress: bool | None = None,
     strict: bool | None = None,
+    function_check: bool = True,
 ) -> Any:
     """Compile `fn` like `jax.jit`, replacing its Lax regions with verified fused kernels.
 
@@ -444,6 +448,9 @@ def jit(
         strict: every fallback to XLA (a failed capture, search, lowering or cache read)
             raises `FallbackError` with its cause instead of warning (None: the
             `MIRAGE_JAX_STRICT` environment variable decides).
+        function_check: on a GPU, time the function with its kernels against `jax.jit` of
+            the function on the first call of a signature and keep the faster (cached with
+            both times); False keeps the kernels the per-region selection chose.
     """
     kwargs = dict(
         static_argnums=static_argnums,
@@ -460,6 +467,7 @@ def jit(
         lower_config=lower_config,
         progress=progress,
         strict=strict,
+        function_check=function_check,
     )
     if fn is None:
         return functools.partial(jit, **kwargs)

@@ -7,7 +7,11 @@ import pathlib
 import jax
 import pytest
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# ../shared beside the checkout, or a copy inside it (how the data travels to the GPU machine)
+SHARED = next(
+    (p for p in (REPO.parent / "shared", REPO / "shared") if p.is_dir()), REPO.parent / "shared"
+)
 PEER = SHARED / "peer" / "mirage_mugraphs"
 
 

@@ -200,3 +200,24 @@ def test_a_script_without_a_main_guard_searches_with_two_workers(tmp_path):
     assert run.stdout.count("body") == 1, run.stdout  # no worker re-ran the script
     kernels, err = run.stdout.split("kernels")[1].split()
     assert kernels == "1" and float(err) < 1e-3, run.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_whole_function_check_keeps_jax_jit_when_the_kernels_are_slower(tmp_path):
+    # one block of one row at a time: a µGraph far slower than XLA's fused rmsnorm GEMM
+    bench, specs, xs = bench_f32("rmsnorm")
+
+    def slow(b, x, w, s):
+        return rmsnorm_block_graph(b, x, w, s, grid=1, loop=8)
+
+    cache = Cache(tmp_path / "c.sqlite")
+    inject(cache, only_region(bench.fn, *specs).program, slow, specs, "pallas")
+    f = mirage_jax.jit(bench.fn, backend="pallas", search="cached", cache=cache)
+    assert_close(f(*xs), jax.jit(bench.fn)(*xs), tol=1e-2)
+    check = f.last.function_check
+    assert check is not None and check.choice == "xla", check
+    assert check.kernels_us > check.xla_us and f.stats.kernels == 0
+    assert "whole function with kernels" in mirage_jax.explain(f, *xs).text()
+    g = mirage_jax.jit(bench.fn, backend="pallas", search="cached", cache=cache)
+    g(*xs)  # a second process would read the decision from the cache: no timing again
+    assert g.last.function_check.source == "cache"
