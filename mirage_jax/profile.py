@@ -76,7 +76,9 @@ class Timing:
 
 
 def _nbytes(xs: Sequence[Any]) -> int:
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in xs)
+    """Bytes of the array leaves of `xs` (arguments may be pytrees: modules, dicts)."""
+    leaves = [x for x in jax.tree_util.tree_leaves(xs) if hasattr(x, "shape")]
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
 
 
 def chained(fn: Callable[..., Any], calls: int) -> Callable[..., Any]:
