@@ -33,6 +33,10 @@ CALL_PRIMITIVES = {
     "custom_vjp_call_jaxpr",
     "custom_lin",
 }
+FOLD_MAX_ELEMENTS = 4096
+"""Results of constants-only equations up to this size are folded into constants."""
+FOLD_NEVER = frozenset({"input", "constant", "opaque", "get", "broadcast_in_dim", "reshape"})
+"""Ops never folded: leaves, and the layouts of constants (they stay scalars, broadcast)."""
 IDENTITY_PRIMITIVES = {"stop_gradient", "copy", "copy_p", "optimization_barrier_single"}
 SIMPLE = PRIMITIVES  # primitives captured one to one (`lax_ir.ops`)
 
@@ -138,9 +142,25 @@ class _Builder:
     def op(
         self, op: str, args: Sequence[int], shape: Sequence[int], dtype: str, **params: Any
     ) -> int:
-        return self._emit(
-            Node(op, tuple(args), tuple(int(d) for d in shape), dtype, make_params(**params))
-        )
+        node = Node(op, tuple(args), tuple(int(d) for d in shape), dtype, make_params(**params))
+        folded = self._fold_node(node)
+        return folded if folded is not None else self._emit(node)
+
+    def _fold_node(self, node: Node) -> int | None:
+        """A computation on constants only (not a layout of one) becomes a constant."""
+        if (
+            node.op in FOLD_NEVER
+            or not node.args
+            or math.prod(node.shape) > FOLD_MAX_ELEMENTS
+            or any(self.nodes[a].op != "constant" for a in node.args)
+        ):
+            return None
+        from lax_ir.interpret import FloatAlgebra, eval_node
+
+        args = [self.nodes[a].param("value").array for a in node.args]
+        with jax.ensure_compile_time_eval():
+            value = np.asarray(eval_node(FloatAlgebra(), node, args))
+        return self.const(value, node.dtype)
 
     def const(self, value: Any, dtype: str) -> int:
         arr = np.asarray(value, dtype=dtype)
@@ -209,7 +229,28 @@ class _Builder:
                 result = rule(self, ins, params, out_shape, out_dtype)
                 if result is not None:
                     return [result]
+            folded = self.fold(eqn, ins, out_shape)
+            if folded is not None:
+                return [folded]
         return self.opaque(eqn, ins)
+
+    def fold(self, eqn: Any, ins: list[int], shape: tuple[int, ...]) -> int | None:
+        """A small result computed from constants only (shape arithmetic, `jnp.var`'s guard,
+        an `iota`) becomes a constant, so it cuts no float computation it feeds."""
+        if math.prod(shape) > FOLD_MAX_ELEMENTS or getattr(eqn, "effects", None):
+            return None
+        if any(self.nodes[i].op != "constant" for i in ins):
+            return None
+        try:
+            subfuns, params = [], eqn.primitive.get_bind_params(eqn.params)
+            with jax.ensure_compile_time_eval():
+                value = eqn.primitive.bind(
+                    *subfuns, *[self.nodes[i].param("value").array for i in ins], **params
+                )
+            value = np.asarray(value)
+        except Exception:  # anything that does not evaluate eagerly stays an opaque op
+            return None
+        return self.const(value, dtype_name(value.dtype))
 
     def opaque(self, eqn: Any, ins: list[int]) -> list[int]:
         payload = Opaque(eqn.primitive, eqn.params)
@@ -266,6 +307,49 @@ def _rsqrt(b: _Builder, ins, params, shape, dtype):
 def _erfc(b: _Builder, ins, params, shape, dtype):
     one = b.const(1.0, dtype)
     return b.binary("sub", one, b.op("erf", ins, shape, dtype), dtype)
+
+
+def _constant_scalar(b: _Builder, i: int) -> Any:
+    """The value of node i if it is a constant (or a broadcast of one) with one value."""
+    n = b.nodes[i]
+    while n.op == "broadcast_in_dim":
+        n = b.nodes[n.args[0]]
+    if n.op != "constant":
+        return None
+    v = n.param("value").array
+    return v.reshape(-1)[0] if v.size and np.all(v == v.reshape(-1)[0]) else None
+
+
+def _select_n(b: _Builder, ins, params, shape, dtype):
+    """select_n with a constant predicate picks its case; `where(mask, s, fill)` with a
+    masking fill (−inf or a large negative) becomes the additive mask `s + bias`,
+    bias = where(mask, 0, fill) computed by XLA from the mask alone, so the mask cuts no
+    float computation (the scores' softmax stays one region). Exact where the fill is −inf;
+    with a large negative fill the masked entries differ only below exp's underflow."""
+    if len(ins) != 3:
+        return None
+    which = _constant_scalar(b, ins[0])
+    if which is not None and b.shape(ins[int(which) + 1]) == shape:
+        return ins[int(which) + 1]
+    fill = _constant_scalar(b, ins[1])
+    kind = np.dtype(dtype).kind if dtype != "bfloat16" else "f"
+    if fill is None or kind != "f" or b.dtype(ins[0]) != "bool":
+        return None
+    fill = float(fill)
+    if not (fill == -np.inf or fill <= 0.5 * float(np.finfo(_np_dtype(dtype)).min)):
+        return None
+    from lax_ir.program import Opaque
+
+    zero = b.op("broadcast_in_dim", (b.const(0.0, dtype),), shape, dtype, broadcast_dimensions=())
+    select = Opaque(jax.lax.select_n_p, {})
+    bias = b.op("opaque", (ins[0], ins[1], zero), shape, dtype, payload=select)
+    return b.binary("add", ins[2], bias, dtype)
+
+
+def _np_dtype(dtype: str) -> Any:
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
 
 
 def _integer_pow(b: _Builder, ins, params, shape, dtype):
@@ -362,4 +446,5 @@ _RULES: dict[str, Callable[..., int | None]] = {
     "convert_element_type": _convert,
     "concatenate": _concatenate,
     "dot_general": _dot_general,
+    "select_n": _select_n,
 }

@@ -1,0 +1,65 @@
+"""Masks and constants in real model code: they never cut the float computation they feed."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lax_ir
+
+
+def _attention(fill):
+    def f(q, k, v, pos):
+        s = (q @ k.T) * 0.125
+        mask = jnp.arange(k.shape[0])[None, :] <= pos
+        s = jnp.where(mask, s, fill(s.dtype))
+        return jax.nn.softmax(s, axis=-1) @ v
+
+    return f
+
+
+FILLS = {
+    "-inf": lambda dt: -jnp.inf,
+    "finfo.min": lambda dt: jnp.finfo(dt).min,
+    "gemma": lambda dt: -2.3819763e38,
+}
+
+
+@pytest.mark.parametrize("fill", sorted(FILLS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+def test_a_masked_softmax_is_one_region_and_computes_the_same(fill, dtype):
+    f = _attention(FILLS[fill])
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal(s), dtype) for s in ((4, 16), (32, 16), (32, 16)))
+    pos = jnp.int32(9)
+    part = lax_ir.partition(lax_ir.capture(f, q, k, v, pos))
+    regions = [r for r in part.regions if not r.is_trivial]
+    assert len(regions) == 1, part.explain()
+    ops = regions[0].program.op_counts()
+    assert ops["matmul"] == 2 and ops["exp"] == 1 and ops["reduce_max"] == 1
+    got = jax.jit(lax_ir.rebuild(part))(q, k, v, pos)
+    want = jax.jit(f)(q, k, v, pos)
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                               rtol=2e-3, atol=2e-3)  # fmt: skip
+    assert np.all(np.isfinite(np.asarray(got, np.float64)))
+
+
+def test_a_where_that_is_not_a_mask_stays_xla():
+    def f(x, y):
+        return jnp.exp(jnp.where(x > 0, x, 3.0 * y))
+
+    p = lax_ir.capture(f, jnp.ones((4, 4)), jnp.ones((4, 4)))
+    assert any(
+        n.op == "opaque" and n.param("payload").primitive.name == "select_n" for n in p.nodes
+    )
+
+
+def test_constants_only_equations_are_folded():
+    def layer_norm(x):  # jnp.var guards its divisor with where(n - ddof > 0, ..., nan)
+        return (x - x.mean(-1, keepdims=True)) / jnp.sqrt(jnp.var(x, -1, keepdims=True) + 1e-5)
+
+    part = lax_ir.partition(lax_ir.capture(layer_norm, jnp.ones((8, 32))))
+    assert [r for r in part.regions if not r.is_trivial].__len__() == 1, part.explain()
+    assert not part.residual
