@@ -61,6 +61,13 @@ class DegreeReport:
     output: int
     exponent: int = 0
     uninterpreted: int = 0
+    constants: tuple[float, ...] = ()
+    """Distinct constant values the program uses (at most `MAX_CONSTANTS`; see `many_constants`)."""
+    many_constants: bool = False
+
+
+MAX_CONSTANTS = 64
+"""Distinct constants tracked per program for the aliasing term of the bound."""
 
 
 def _all(shape: Sequence[int]) -> Axes:
@@ -123,11 +130,16 @@ class DegreeAlgebra:
     """The `lax_ir.Algebra` of degree bounds (see the module docstring)."""
 
     def __init__(self) -> None:
+        self.constants: set[float] = set()
         self.exponent = 0
         self.uninterpreted = 0
 
     def constant(self, value: Any, dtype: str) -> Deg:
         arr = np.asarray(value)
+        if arr.dtype.kind in "fiu" and len(self.constants) <= MAX_CONSTANTS:
+            self.constants.update(
+                float(v) for v in np.unique(arr.astype(np.float64))[: MAX_CONSTANTS + 1]
+            )
         varies = frozenset(
             i for i in range(arr.ndim) if arr.shape[i] > 1 and not (arr == arr.take([0], i)).all()
         )
@@ -266,8 +278,11 @@ def degree_bound(program: Any) -> DegreeReport:
     algebra = DegreeAlgebra()
     inputs = [Deg(tuple(shape), 1, 0, _all(shape)) for shape, _ in program.input_avals]
     outputs = program.interpret(inputs, algebra)
+    consts = sorted(algebra.constants)
     return DegreeReport(
         output=max((o.total for o in outputs), default=0),
         exponent=algebra.exponent,
         uninterpreted=algebra.uninterpreted,
+        constants=tuple(consts[:MAX_CONSTANTS]),
+        many_constants=len(consts) > MAX_CONSTANTS,
     )

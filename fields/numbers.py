@@ -132,6 +132,42 @@ def find_field(below: int = 2**31) -> Field:
             return Field.from_primes(2 * q + 1, q)
 
 
+# ---- the family fields are drawn from, one per trial ----------------------------------------
+FAMILY_Q = (2**29, 2**30)
+"""q is drawn uniformly among the primes in [2^29, 2^30) with p = 2q + 1 prime (safe primes)."""
+FAMILY_SIZE = 1_400_000
+"""A lower bound on the family's size: 2,411 of 400,000 uniformly drawn odd q in the range were
+members (estimate 1.62 million; this is 4.9 standard deviations below; `fields.verify`'s module
+docstring and docs/verification.md use it)."""
+_SMALL_PRIMES = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73)
+
+
+def _is_safe_q(q: int) -> bool:
+    p = 2 * q + 1
+    if any(q % s == 0 or p % s == 0 for s in _SMALL_PRIMES):
+        return False
+    return is_prime(q) and is_prime(p)
+
+
+@functools.lru_cache(maxsize=64)
+def drawn_field(seed: int, trial: int) -> Field:
+    """The field of trial `trial` of a verification with `seed`: q uniform in the family (by
+    rejection: uniform odd q until q and 2q + 1 are prime, ~150 tries), p = 2q + 1, and ω a
+    uniform element of order q (the square of a uniform g ≠ ±1). Deterministic per (seed,
+    trial); no constant can be chosen to alias in a field it cannot predict."""
+    rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, trial, 0x5AFE])))
+    lo, hi = FAMILY_Q
+    while True:
+        q = 2 * int(rng.integers(lo // 2, hi // 2)) + 1
+        if _is_safe_q(q):
+            break
+    p = 2 * q + 1
+    while True:
+        omega = pow(int(rng.integers(2, p - 1)), 2, p)
+        if omega != 1:
+            return Field(p, q, omega, sample_bits=30)
+
+
 @functools.cache
 def default_field() -> Field:
     """p = 2^31 − 69, q = (p − 1)/2, ω = 4: `find_field()`, stored so galois is not imported."""

@@ -1,25 +1,30 @@
 """Random field inputs, field evaluation, and `verify`: exact probabilistic equivalence checking.
 
+The field of each trial is drawn afresh (`fields.numbers.drawn_field`): q uniform among the
+~1.6 million primes in [2^29, 2^30) with p = 2q + 1 prime, ω uniform of order q. With one fixed
+prime, constants alias (2^31 ≡ 69 mod 2^31 − 69, so `x·69·2^-31` passed for `x`); no constant
+can be chosen against a field it cannot predict. docs/verification.md states the argument.
+
 The false-accept bound (`Verdict.bound`). Per trial, two programs A and B whose real semantics
 differ still agree on a fresh random input with probability at most
 
-    ε = (d_A + d_B + u_A + u_B) / |S| + (e_A + e_B) / q
+    ε = (d_A + d_B + u_A + u_B) / |S| + (e_A + e_B) / q_min + α
 
 where d is the output degree, u the uninterpreted-argument degree and e the exponent degree of
 each program (`fields.degree`), and |S| = 2^30 the set p-residues are drawn from. The first
 term is the Schwartz–Zippel lemma applied to the numerator of the difference of the two
 rational functions (exact for programs built from +, −, ·, / and shape ops); the u term covers
 one collision of distinct arguments of an uninterpreted function and the e term one collision
-of distinct exponents mod q. Counting one collision each, and treating distinct exponentials as
-independent, is the heuristic Mirage's own argument rests on (MIRAGE.md §4; see arXiv 2506.04529
+of distinct exponents mod q; α (`alias_bound`) is the chance that the drawn field makes two of
+the programs' constants (or a constant and zero) coincide. Counting one collision each, and
+treating distinct exponentials as independent, is the heuristic Mirage's own argument rests on (MIRAGE.md §4; see arXiv 2506.04529
 for the theory of identity testing with exponentiation gates). Trials are independent, so an
 accepted pair carries `bound = ε ** trials`; void trials (a zero denominator) are redrawn and
 conditioning on them changes ε by a factor 1/(1 − P(void)), negligible at these sizes.
 
-Trials: by default the fewest (at least two) that bring the bound to 1e-9. The brief's fixed
-three is one more than needed: two trials give about 1e-16 for rms_norm and attention and
-9.3e-10 for the worst benchmark (qknorm_mirage), so a third buys nothing the target asks for
-and costs half again the time; `trials=` overrides.
+Trials: by default the fewest (at least two) that bring the bound to 1e-9: two for every
+benchmark but qknorm_mirage, which takes three (experiments/results/verify_times.md);
+`trials=` overrides.
 
 Errors go one way. An accept of unequal programs has probability ≤ `bound`. A reject means the
 two differ in the field semantics: a real difference, or one the field sees and the reals do
@@ -48,7 +53,7 @@ import numpy as np
 from fields.algebra import FieldAlgebra
 from fields.array import Cell, FieldArray
 from fields.degree import DegreeReport, degree_bound
-from fields.numbers import Field, VoidTrial, default_field
+from fields.numbers import FAMILY_Q, FAMILY_SIZE, Field, VoidTrial, default_field, drawn_field
 
 TARGET_BOUND = 1e-9
 MIN_TRIALS = 2
@@ -153,7 +158,8 @@ class Verdict:
 
     Arguments:
         equal: every output of `a` equals a distinct output of `b` in every trial.
-        p, q: the moduli.
+        p, q: the moduli of the first trial.
+        fields: (p, q, ω) of each completed trial (drawn per trial from the family).
         trials: completed (non-void) trials.
         seed: the seed the trials were drawn from.
         void_trials: draws discarded for a zero denominator.
@@ -168,6 +174,7 @@ class Verdict:
     equal: bool
     p: int
     q: int
+    fields: tuple[tuple[int, int, int], ...]
     trials: int
     seed: int
     void_trials: int
@@ -210,11 +217,45 @@ class Verdict:
         )
 
 
-def trial_bound(da: DegreeReport, db: DegreeReport, field: Field) -> float:
-    """ε, the false-accept probability of one trial (see the module docstring)."""
-    p_term = (da.output + db.output + da.uninterpreted + db.uninterpreted) / field.sample_size
-    q_term = (da.exponent + db.exponent) / field.q
-    return min(1.0, p_term + q_term)
+def trial_bound(da: DegreeReport, db: DegreeReport, field: Field | None = None) -> float:
+    """ε, the false-accept probability of one trial (see the module docstring): the
+    Schwartz–Zippel terms for the inputs and the exponents, plus, for a field drawn from the
+    family (`field=None`), the chance that the draw makes two of the programs' constants alias.
+    A fixed `field` gives no such protection: its ε leaves that term out."""
+    sample = field.sample_size if field is not None else 2**30
+    q_min = field.q if field is not None else FAMILY_Q[0]
+    p_term = (da.output + db.output + da.uninterpreted + db.uninterpreted) / sample
+    q_term = (da.exponent + db.exponent) / q_min
+    alias = 0.0 if field is not None else alias_bound(da, db)
+    return min(1.0, p_term + q_term + alias)
+
+
+def _dyadic(x: float) -> tuple[int, int]:
+    """x = m · 2^e with m an odd integer (or 0)."""
+    m, e = math.frexp(x)
+    m, e = int(m * 2**53), e - 53
+    while m and m % 2 == 0:
+        m, e = m // 2, e + 1
+    return m, e
+
+
+def alias_bound(da: DegreeReport, db: DegreeReport) -> float:
+    """The chance that the drawn field makes constants of the two programs alias.
+
+    For each constant c and each pair c1 ≠ c2, the integer N = numerator of c (of c1 − c2)
+    has at most ⌈bits(N)/29⌉ prime factors in [2^29, 2^31), so a q (or p = 2q + 1) drawn
+    uniformly from a family of `FAMILY_SIZE` primes divides it with probability at most
+    2⌈bits/29⌉ / FAMILY_SIZE; ω uniform of order q meets ω^c1 = c2 with probability at most
+    1/(q − 1) per ordered pair.
+    """
+    consts = sorted({c for c in (*da.constants, *db.constants) if math.isfinite(c)})
+    k = len(consts) + (64 if da.many_constants or db.many_constants else 0)
+    forms = [_dyadic(c) for c in consts]
+    e_min = min((e for _, e in forms), default=0)
+    ints = [m << (e - e_min) for m, e in forms]
+    bits = max([abs(n).bit_length() for n in ints] + [1]) + 1  # a difference adds a bit
+    events = k + k * (k - 1) // 2
+    return events * 2 * math.ceil(bits / 29) / FAMILY_SIZE + k * k / (FAMILY_Q[0] - 1)
 
 
 def trials_for(eps: float, target_bound: float = TARGET_BOUND) -> int:
@@ -277,7 +318,8 @@ def verify(
             functions and shifts; by default the fewest (at least 2, at most 10) that bring the
             bound to `target_bound`.
         seed: makes the verdict reproducible.
-        field: the moduli (default `default_field()`).
+        field: fixed moduli for every trial (tests; no protection against constants that
+            alias modulo it); by default each trial draws its own (`fields.drawn_field`).
         target_bound: the false-accept bound the default number of trials aims at.
         max_void_trials: void draws tolerated before the pair is rejected.
 
@@ -285,20 +327,23 @@ def verify(
         TypeError: the input avals differ.
         FieldSemanticsError: an op has no field meaning (it names the op).
     """
-    field = field or default_field()
+    fixed = field
     avals_a, avals_b = tuple(a.input_avals), tuple(b.input_avals)
     if avals_a != avals_b:
         raise TypeError(f"input avals differ: {avals_a} against {avals_b}")
     deg_a, deg_b = degree_bound(a), degree_bound(b)
-    eps = trial_bound(deg_a, deg_b, field)
+    eps = trial_bound(deg_a, deg_b, fixed)
+    used: list[Field] = []
     if trials is None:
         trials = trials_for(eps, target_bound)
 
     def verdict(equal: bool, done: int, void: int, matching=None, mismatched=(), reason=""):
+        first = used[0] if used else (fixed or drawn_field(seed, 0))
         return Verdict(
             equal=equal,
-            p=field.p,
-            q=field.q,
+            p=first.p,
+            q=first.q,
+            fields=tuple((f.p, f.q, f.omega) for f in used),
             trials=done,
             seed=seed,
             void_trials=void,
@@ -323,6 +368,7 @@ def verify(
         return verdict(False, 0, 0, mismatched=_unmatched(compat), reason="output shapes differ")
     while done < trials:
         rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, attempt])))
+        field = fixed or drawn_field(seed, attempt)  # a fresh field per trial (module docstring)
         attempt += 1
         key = int(rng.integers(0, 2**63)) << 64 | int(rng.integers(0, 2**63))
         algebra = FieldAlgebra(field, key=key, rng=rng.spawn(1)[0])
@@ -343,6 +389,7 @@ def verify(
         compat &= _compare(out_a, out_b)
         del inputs, out_a, out_b, algebra  # the buffers are refilled next trial
         done += 1
+        used.append(field)
         matching = _perfect_matching(compat)
         if matching is None:
             bad = _unmatched(compat)

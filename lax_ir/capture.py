@@ -336,7 +336,7 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
     if fill is None or kind != "f" or b.dtype(ins[0]) != "bool":
         return None
     fill = float(fill)
-    if not (fill == -np.inf or fill <= 0.5 * float(np.finfo(_np_dtype(dtype)).min)):
+    if not (fill == -np.inf or fill <= 0.5 * float(_finfo(dtype).min)):
         return None
     from lax_ir.program import Opaque
 
@@ -346,10 +346,10 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
     return b.binary("add", ins[2], bias, dtype)
 
 
-def _np_dtype(dtype: str) -> Any:
-    import ml_dtypes
+def _finfo(dtype: str) -> Any:
+    import ml_dtypes  # numpy's finfo does not know bfloat16
 
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    return ml_dtypes.finfo(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype))
 
 
 def _integer_pow(b: _Builder, ins, params, shape, dtype):

@@ -158,14 +158,30 @@ def _mismatches(
         )
     fresh = json.loads(verdict.to_json())
     stored = record.get("verdict") or {}
-    if (stored.get("p"), stored.get("q")) != (fresh["p"], fresh["q"]):
+    if not _from_family(stored):
         found.append(
-            f"its record was verified over another field (p={stored.get('p')}, "
-            f"q={stored.get('q')}; now p={fresh['p']}, q={fresh['q']})"
+            f"its record was not verified over fields drawn from the family "
+            f"(p={stored.get('p')}, q={stored.get('q')}, fields={stored.get('fields')})"
         )
     elif stored.get("degrees") != fresh["degrees"]:
         found.append("its record's degree bounds are not the µGraph's and region's")
     return tuple(found)
+
+
+def _from_family(verdict: Mapping[str, Any]) -> bool:
+    """Were the trials of a stored verdict run over fields of `fields.verify`'s family?"""
+    from fields.numbers import FAMILY_Q, is_prime
+
+    trials = verdict.get("fields") or []
+    if not trials or len(trials) != verdict.get("trials"):
+        return False
+    try:
+        return all(
+            FAMILY_Q[0] <= int(q) < FAMILY_Q[1] and int(p) == 2 * int(q) + 1 and is_prime(int(q))
+            for p, q, _ in trials
+        )
+    except (TypeError, ValueError):
+        return False
 
 
 def _float_check(mugraph: Any, program: Any, order: Sequence[int], backend: str, seed: int) -> str:

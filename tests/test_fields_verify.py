@@ -149,7 +149,9 @@ def test_equality_up_to_a_permutation_of_outputs():
 def test_verdict_records_and_serialises():
     f = lax_ir.capture(lambda x: x * 3.0, X)
     v = fields.verify(f, f, seed=7, trials=3)
-    assert v.p == fields.default_field().p and v.q == fields.default_field().q
+    drawn = [fields.numbers.drawn_field(7, t) for t in range(3)]
+    assert v.fields == tuple((f.p, f.q, f.omega) for f in drawn) and (v.p, v.q) == v.fields[0][:2]
+    assert len({p for p, _, _ in v.fields}) == 3  # a fresh field per trial
     assert v.trials == 3 and v.seed == 7 and v.void_trials == 0 and v.matching == (0,)
     assert v.bound == pytest.approx(v.per_trial_bound**3)
     record = json.loads(v.to_json())
