@@ -141,3 +141,21 @@ def test_render_imported(peer_dir, tmp_path):
         for ext in ("svg", "png"):
             assert render(g, tmp_path / f"{workload}.{ext}").stat().st_size > 1000
         assert "graph_defined" in to_text(g)
+
+
+def test_the_2024_checkpoint_format_imports(peer_dir, tmp_path):
+    # The original's 2024 checkpoints (benchmark/saved_mugraphs/ of github.com/mirage-project/
+    # mirage, e.g. single_mqa_bs1.json) name the accumulators tb_accum_nored_op,
+    # tb_accum_red_ld_sum_op and tb_accum_redtox_ld_sum_op; the evaluation branch's files use the
+    # tb_forloop_* names. The same µGraphs under the 2024 names import to the same graphs.
+    src = peer_dir / "a100" / "gqa_bs1.json"
+    text = src.read_text()
+    renamed = text.replace("tb_forloop_accum_nored_op", "tb_accum_nored_op")
+    renamed = renamed.replace("tb_forloop_accum_red_ld_sum_op", "tb_accum_red_ld_sum_op")
+    renamed = renamed.replace("tb_forloop_accum_redtox_ld_sum_op", "tb_accum_redtox_ld_sum_op")
+    assert "tb_accum_redtox_ld_sum_op" in renamed and "tb_forloop" not in renamed
+    path = tmp_path / "gqa_bs1_2024.json"
+    path.write_text(renamed)
+    old, new = load_mirage_checkpoint(src), load_mirage_checkpoint(path)
+    assert [g.canonical_hash for g in new] == [g.canonical_hash for g in old]
+    assert json.loads(renamed)  # still the same document otherwise
