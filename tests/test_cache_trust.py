@@ -286,3 +286,26 @@ def test_explain_says_what_was_checked_on_load(tmp_path):
     text = mirage_jax.explain(two_outputs, *specs, backend="reference", cache=cache).text()
     assert "checked on load: a fresh field trial re-derived the output order [1, 0]" in text
     assert "float check: backend 'reference': the µGraph's reference evaluation" in text
+
+
+@pytest.mark.parametrize("what", ["scalar", "eps"])
+def test_a_local_entry_whose_constant_aliases_is_rejected_by_the_field_trial(tmp_path, what):
+    # An entry edited in the local database (origin "search": no float check by default) with
+    # a constant that aliases modulo the old fixed prime: the field trial on load now draws its
+    # own field, so the edit is caught without a float check.
+    if what == "scalar":
+        fn, (program, graph) = two_outputs, two_output_region()
+        _, tampered = two_output_region(scalar=HALF_ALIAS)
+        xs = inputs(2)
+    else:
+        bench, program, graph = rmsnorm_region(benchmarks.EPS)
+        _, _, tampered = rmsnorm_region(EPS_ALIAS)
+        fn = bench.fn
+        xs = [np.asarray(a, F32) for a in bench.make_inputs(seed=1, dtype=np.float32)]
+    cache = Cache(tmp_path / "c.sqlite")
+    store(cache, program, graph)
+    forge(cache, tampered)
+    set_columns(cache, origin="search")
+    with pytest.warns(CacheWarning, match="re-verification"):
+        f, _ = run_cached(fn, cache, *xs)
+    assert f.stats.kernels == 0 and cache.entries() == []
