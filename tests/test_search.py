@@ -365,3 +365,37 @@ def test_tanh_is_searched_and_fused_into_the_matmul_kernel():
     got = np.asarray(lower(fused[0], backend="pallas-interpret")(*xs)[0], np.float64)
     want = lax_ir.evaluate_reference(program, *xs)[0]
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 2e-2
+
+
+def _two_input_region(fn, second=(32, 32)):
+    import jax
+
+    specs = [jax.ShapeDtypeStruct((16, 32), jnp.float32), jax.ShapeDtypeStruct(second, jnp.float32)]
+    return lax_ir.partition(lax_ir.capture(fn, *specs)).regions[0].program
+
+
+def _attention_scores(q, k):
+    import jax
+
+    return jax.nn.softmax(q @ k.T, axis=-1)
+
+
+@pytest.mark.parametrize(
+    "fn, second, construct",
+    [
+        (_attention_scores, (16, 32), "transposed matmul operand"),
+        (lambda x, w: (x - x.mean(-1, keepdims=True)) @ w, (32, 32), "mean-centering"),
+        (lambda x, w: x @ w / 3.0, (32, 32), "division by 3"),
+    ],
+)
+def test_blockers_name_the_constructs_the_search_does_not_handle(fn, second, construct):
+    from mirage_jax.search.diagnose import blockers
+
+    assert any(construct in b for b in blockers(_two_input_region(fn, second)))
+
+
+def test_a_region_without_candidates_says_what_stopped_the_search():
+    program = _two_input_region(_attention_scores, (16, 32))
+    r = search(program, budget=Budget(time_s=30), seed=0, progress=False)
+    assert not r.mugraphs and r.stop_reason == "no-candidates"
+    assert "transposed matmul operand" in r.message and r.stats["blockers"], r.message

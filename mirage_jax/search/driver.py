@@ -317,6 +317,13 @@ def search(
     if not kept and stop_reason == "exhausted":
         stop_reason = "no-candidates"
     message = _message(kept, stop_reason, descriptions)
+    if not kept:
+        from mirage_jax.search.diagnose import blockers
+
+        found = blockers(program)
+        stats["blockers"] = found
+        if found:
+            message += "; what the search does not handle yet here: " + "; ".join(found)
     return SearchResult(
         tuple(kept), stop_reason, stats, tuple(dict.fromkeys(descriptions)), message,
         program.canonical_hash,
