@@ -37,3 +37,17 @@ def peer_dir() -> pathlib.Path:
     if not PEER.is_dir():
         pytest.skip("../shared/peer/mirage_mugraphs is not present")
     return PEER
+
+
+@pytest.fixture
+def quiet_mirage():
+    """No MirageWarning (e.g. "no GPU"), and every warn-once key forgotten (CLI tests)."""
+    import warnings
+
+    import mirage_jax
+    from mirage_jax import api
+
+    api._WARNED.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mirage_jax.MirageWarning)
+        yield

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import pytest
 
-import mirage_jax
 from mirage_jax import api
 from mirage_jax.cache import Cache
 from mirage_jax.cli import main, parse_arg
@@ -17,12 +14,7 @@ from tests.test_cache import rmsnorm_region
 RMSNORM = ["experiments.benchmarks:rmsnorm_mirage", "--arg", "f16[2,256]", "--arg", "f16[256,384]"]
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    api._WARNED.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", mirage_jax.MirageWarning)
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_mirage")
 
 
 @pytest.fixture

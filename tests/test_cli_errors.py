@@ -3,12 +3,8 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
-import mirage_jax
-from mirage_jax import api
 from mirage_jax.cli import main
 
 FN = "experiments.benchmarks:rmsnorm_mirage"
@@ -16,12 +12,7 @@ ARGS = ["--arg", "f16[2,256]", "--arg", "f16[256,384]"]
 UNOPENABLE = "/proc/mirage-jax-test/c.sqlite"  # /proc refuses new files, even to root
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    api._WARNED.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", mirage_jax.MirageWarning)
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_mirage")
 
 
 def fails_in_one_line(capsys, *argv) -> str:
