@@ -238,6 +238,16 @@ def _cache_show(args: argparse.Namespace) -> int:
 
 def _cache_clear(args: argparse.Namespace) -> int:
     cache = _open(args)
+    n = len(cache.entries())
+    if n and not args.yes:
+        if not sys.stdin.isatty():
+            raise CommandError(
+                f"cache clear would delete {n} entries from {cache.path}; pass --yes to confirm"
+            )
+        answer = input(f"delete all {n} entries of {cache.path}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
     n = cache.clear()
     print(f"cleared {n} entr{'y' if n == 1 else 'ies'} from {cache.path}")
     return 0
@@ -330,12 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_function_args(opt)
     opt.add_argument(
-        "--budget-s", type=positive_seconds, default=60.0, help="search budget per region, s (> 0)"
+        "--budget-s",
+        type=positive_seconds,
+        default=60.0,
+        help="search budget per region, s (> 0; default 60)",
     )
     opt.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     opt.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     opt.add_argument(
-        "--workers", type=at_least_one, default=1, help="search worker processes (>= 1)"
+        "--workers", type=at_least_one, default=1, help="search worker processes (>= 1; default 1)"
     )
     opt.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_cache_arg(opt)
@@ -423,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name in ("export", "import"):
             p.add_argument("path", help="the JSON-lines file")
+        if name == "clear":
+            p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
         _add_cache_arg(p, default=argparse.SUPPRESS)
         p.set_defaults(func=func)
     cache.set_defaults(func=lambda a: (cache.print_help(), 0)[1])

@@ -130,7 +130,9 @@ def test_cache_ls_show_export_import_clear(capsys, filled_cache, tmp_path):
     rc, out, _ = run(capsys, "cache", "import", str(dump), "--cache", other)
     assert rc == 0 and "imported 1 entry" in out
     assert [e.key for e in Cache(other).entries()] == [key]
-    rc, out, _ = run(capsys, "cache", "clear", "--cache", path)
+    rc, _, err = run(capsys, "cache", "clear", "--cache", path)  # no terminal: it asks for --yes
+    assert rc != 0 and "--yes" in err and len(Cache(path).entries()) == 1
+    rc, out, _ = run(capsys, "cache", "clear", "--yes", "--cache", path)
     assert rc == 0 and "cleared 1 entry" in out and Cache(path).entries() == []
     assert run(capsys, "cache", "path", "--cache", path)[1].strip() == path
 
