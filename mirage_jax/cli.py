@@ -104,7 +104,10 @@ def _explain(args: argparse.Namespace) -> int:
     )
     print(expl.text(listing=args.listing))
     if out is not None:
-        for index, svg in expl.svgs().items():
+        pictures = expl.svgs()
+        if not pictures:
+            print(f"no region runs a µGraph here, so no picture was written to {out}")
+        for index, svg in pictures.items():
             path = out / f"region{index}.svg"
             try:
                 path.write_text(svg, encoding="utf-8")
