@@ -268,27 +268,14 @@ def trials_for(eps: float, target_bound: float = TARGET_BOUND) -> int:
 
 
 def _perfect_matching(compat: np.ndarray) -> tuple[int, ...] | None:
-    """A matching of every row to a distinct column (augmenting paths), or None."""
-    n_rows, n_cols = compat.shape
-    match_col = [-1] * n_cols
+    """A matching of every row to a distinct column (scipy's Hopcroft–Karp), or None."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_bipartite_matching
 
-    def augment(row: int, seen: set[int]) -> bool:
-        for col in range(n_cols):
-            if compat[row, col] and col not in seen:
-                seen.add(col)
-                if match_col[col] < 0 or augment(match_col[col], seen):
-                    match_col[col] = row
-                    return True
-        return False
-
-    for row in range(n_rows):
-        if not augment(row, set()):
-            return None
-    result = [0] * n_rows
-    for col, row in enumerate(match_col):
-        if row >= 0:
-            result[row] = col
-    return tuple(result)
+    if compat.shape[0] == 0:
+        return ()
+    match = maximum_bipartite_matching(csr_matrix(compat.astype(np.int8)), perm_type="column")
+    return None if np.any(match < 0) else tuple(int(j) for j in match)
 
 
 def _compare(out_a: Sequence[FieldArray], out_b: Sequence[FieldArray]) -> np.ndarray:
