@@ -35,8 +35,8 @@ CALL_PRIMITIVES = {
 }
 FOLD_MAX_ELEMENTS = 4096
 """Results of constants-only equations up to this size are folded into constants."""
-FOLD_NEVER = frozenset({"input", "constant", "opaque", "get", "broadcast_in_dim", "reshape"})
-"""Ops never folded: leaves, and the layouts of constants (they stay scalars, broadcast)."""
+FOLD_NEVER = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
+"""Primitives never folded: layouts of constants (a constant stays a scalar, broadcast)."""
 IDENTITY_PRIMITIVES = {"stop_gradient", "copy", "copy_p", "optimization_barrier_single"}
 SIMPLE = PRIMITIVES  # primitives captured one to one (`lax_ir.ops`)
 
@@ -142,25 +142,9 @@ class _Builder:
     def op(
         self, op: str, args: Sequence[int], shape: Sequence[int], dtype: str, **params: Any
     ) -> int:
-        node = Node(op, tuple(args), tuple(int(d) for d in shape), dtype, make_params(**params))
-        folded = self._fold_node(node)
-        return folded if folded is not None else self._emit(node)
-
-    def _fold_node(self, node: Node) -> int | None:
-        """A computation on constants only (not a layout of one) becomes a constant."""
-        if (
-            node.op in FOLD_NEVER
-            or not node.args
-            or math.prod(node.shape) > FOLD_MAX_ELEMENTS
-            or any(self.nodes[a].op != "constant" for a in node.args)
-        ):
-            return None
-        from lax_ir.interpret import FloatAlgebra, eval_node
-
-        args = [self.nodes[a].param("value").array for a in node.args]
-        with jax.ensure_compile_time_eval():
-            value = np.asarray(eval_node(FloatAlgebra(), node, args))
-        return self.const(value, node.dtype)
+        return self._emit(
+            Node(op, tuple(args), tuple(int(d) for d in shape), dtype, make_params(**params))
+        )
 
     def const(self, value: Any, dtype: str) -> int:
         arr = np.asarray(value, dtype=dtype)
@@ -224,28 +208,32 @@ class _Builder:
         if len(outs) == 1 and _array_aval(outs[0]):
             out_shape = tuple(outs[0].aval.shape)
             out_dtype = dtype_name(outs[0].aval.dtype)
+            folded = self.fold(eqn, ins, out_shape)
+            if folded is not None:
+                return [folded]
             rule = _RULES.get(name)
             if rule is not None:
                 result = rule(self, ins, params, out_shape, out_dtype)
                 if result is not None:
                     return [result]
-            folded = self.fold(eqn, ins, out_shape)
-            if folded is not None:
-                return [folded]
         return self.opaque(eqn, ins)
 
     def fold(self, eqn: Any, ins: list[int], shape: tuple[int, ...]) -> int | None:
         """A small result computed from constants only (shape arithmetic, `jnp.var`'s guard,
-        an `iota`) becomes a constant, so it cuts no float computation it feeds."""
-        if math.prod(shape) > FOLD_MAX_ELEMENTS or getattr(eqn, "effects", None):
-            return None
-        if any(self.nodes[i].op != "constant" for i in ins):
+        an `iota`; not a layout of a constant) becomes a constant, by binding the equation's
+        own primitive, so it cuts no float computation it feeds."""
+        if (
+            eqn.primitive.name in FOLD_NEVER
+            or math.prod(shape) > FOLD_MAX_ELEMENTS
+            or getattr(eqn, "effects", None)
+            or any(self.nodes[i].op != "constant" for i in ins)
+        ):
             return None
         try:
-            subfuns, params = [], eqn.primitive.get_bind_params(eqn.params)
+            params = eqn.primitive.get_bind_params(eqn.params)
             with jax.ensure_compile_time_eval():
                 value = eqn.primitive.bind(
-                    *subfuns, *[self.nodes[i].param("value").array for i in ins], **params
+                    *[self.nodes[i].param("value").array for i in ins], **params
                 )
             value = np.asarray(value)
         except Exception:  # anything that does not evaluate eagerly stays an opaque op
