@@ -17,8 +17,9 @@ rational functions (exact for programs built from +, −, ·, / and shape ops); 
 one collision of distinct arguments of an uninterpreted function and the e term one collision
 of distinct exponents mod q; α (`alias_bound`) is the chance that the drawn field makes two of
 the programs' constants (or a constant and zero) coincide. Counting one collision each, and
-treating distinct exponentials as independent, is the heuristic Mirage's own argument rests on (MIRAGE.md §4; see arXiv 2506.04529
-for the theory of identity testing with exponentiation gates). Trials are independent, so an
+treating distinct exponentials as independent, is the heuristic Mirage's own argument rests on
+(MIRAGE.md §4; see arXiv 2506.04529 for the theory of identity testing with exponentiation
+gates). Trials are independent, so an
 accepted pair carries `bound = ε ** trials`; void trials (a zero denominator) are redrawn and
 conditioning on them changes ε by a factor 1/(1 − P(void)), negligible at these sizes.
 
@@ -46,6 +47,7 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -230,15 +232,6 @@ def trial_bound(da: DegreeReport, db: DegreeReport, field: Field | None = None) 
     return min(1.0, p_term + q_term + alias)
 
 
-def _dyadic(x: float) -> tuple[int, int]:
-    """x = m · 2^e with m an odd integer (or 0)."""
-    m, e = math.frexp(x)
-    m, e = int(m * 2**53), e - 53
-    while m and m % 2 == 0:
-        m, e = m // 2, e + 1
-    return m, e
-
-
 def alias_bound(da: DegreeReport, db: DegreeReport) -> float:
     """The chance that the drawn field makes constants of the two programs alias.
 
@@ -248,11 +241,10 @@ def alias_bound(da: DegreeReport, db: DegreeReport) -> float:
     2⌈bits/29⌉ / FAMILY_SIZE; ω uniform of order q meets ω^c1 = c2 with probability at most
     1/(q − 1) per ordered pair.
     """
-    consts = sorted({c for c in (*da.constants, *db.constants) if math.isfinite(c)})
+    consts = [Fraction(c) for c in {*da.constants, *db.constants} if math.isfinite(c)]
     k = len(consts) + (64 if da.many_constants or db.many_constants else 0)
-    forms = [_dyadic(c) for c in consts]
-    e_min = min((e for _, e in forms), default=0)
-    ints = [m << (e - e_min) for m, e in forms]
+    scale = max((c.denominator for c in consts), default=1)  # powers of two: one divides all
+    ints = [c.numerator * (scale // c.denominator) for c in consts]
     bits = max([abs(n).bit_length() for n in ints] + [1]) + 1  # a difference adds a bit
     events = k + k * (k - 1) // 2
     return events * 2 * math.ceil(bits / 29) / FAMILY_SIZE + k * k / (FAMILY_Q[0] - 1)

@@ -217,34 +217,24 @@ class MirageJit:
             self._record(TraceRecord(name, None, None, (), self.opts.backend, self.opts.search,
                                      error=f"{type(e).__name__}: {e}"))  # fmt: skip
             return self.fn(*args, **kwargs)
-        decisions, replacements = self._resolve(part)
+        backend, why_not = (
+            (None, "search='off'")
+            if self.opts.search == "off"
+            else effective_backend(self.opts.backend)
+        )
+        decisions, replacements = self._resolve(part, backend, why_not)
         run = None
         if replacements:
             asm = assemble(program, part, replacements)
-            if asm.skipped:
-                decisions = tuple(
-                    xla_decision(part.regions[d.index], asm.skipped[d.index], d)
-                    if d.index in asm.skipped
-                    else d
-                    for d in decisions
-                )
-                self.stats.kernels -= len(asm.skipped)
-                self.stats.xla_regions += len(asm.skipped)
+            decisions = self._demote(part, decisions, asm.skipped)
             if asm.substituted:
                 run = lax_ir.as_function(program, asm.fn)
         check = None
-        if run is not None and self.opts.function_check and self._timed():
-            check = self._function_check(program, decisions, asm.fn)
+        if run is not None and self.opts.function_check and backends.get(backend).needs_gpu:
+            check = self._function_check(program, decisions, asm.fn, backend)
             if check is not None and check.choice == "xla":
-                n = sum(d.status == "kernel" for d in decisions)
-                decisions = tuple(
-                    xla_decision(part.regions[d.index], check.reason, d)
-                    if d.status == "kernel"
-                    else d
-                    for d in decisions
-                )
-                self.stats.kernels -= n
-                self.stats.xla_regions += n
+                kernels = [d.index for d in decisions if d.status == "kernel"]
+                decisions = self._demote(part, decisions, dict.fromkeys(kernels, check.reason))
                 run = None
         self._record(
             TraceRecord(
@@ -261,15 +251,20 @@ class MirageJit:
             return self.fn(*args, **kwargs)
         return run(*args, **kwargs)
 
-    def _timed(self) -> bool:
-        """Are kernels timed here (a GPU and a GPU backend)?"""
-        name, _ = effective_backend(self.opts.backend)
-        return name is not None and has_gpu() and backends.get(name).needs_gpu
+    def _demote(self, part: Any, decisions: Sequence[Any], reasons: Mapping[int, str]) -> tuple:
+        """`decisions` with the regions in `reasons` turned to XLA for that reason (counted)."""
+        self.stats.kernels -= len(reasons)
+        self.stats.xla_regions += len(reasons)
+        return tuple(
+            xla_decision(part.regions[d.index], reasons[d.index], d) if d.index in reasons else d
+            for d in decisions
+        )
 
-    def _function_check(self, program: Any, decisions: Sequence[Any], flat: Callable) -> Any:
+    def _function_check(
+        self, program: Any, decisions: Sequence[Any], flat: Callable, backend: str
+    ) -> Any:
         """The whole-function check of this signature: memo, cache, else measured and stored
         (`mirage_jax.function_check`). None if it cannot run (reported; strict: raised)."""
-        backend, _ = effective_backend(self.opts.backend)
         options = {
             FUNCTION_CHECK: kernels_key([d.cache_key for d in decisions if d.status == "kernel"])
         }
@@ -313,12 +308,11 @@ class MirageJit:
     def _record(self, record: TraceRecord) -> None:
         self.records = [*self.records[-7:], record]
 
-    def _resolve(self, part: Any) -> tuple[tuple[RegionDecision, ...], dict[int, Callable]]:
-        backend, why_not = (
-            (None, "search='off'")
-            if self.opts.search == "off"
-            else effective_backend(self.opts.backend)
-        )
+    def _resolve(
+        self, part: Any, backend: str | None, why_not: str
+    ) -> tuple[tuple[RegionDecision, ...], dict[int, Callable]]:
+        """Per region: what it runs as, and the kernels that replace regions (`backend` None:
+        every region is XLA, for `why_not`)."""
         decisions: list[RegionDecision] = []
         replacements: dict[int, Callable] = {}
         pending = [r for r in part.regions if not r.is_trivial]

@@ -2,7 +2,7 @@
 
 `search_region` runs the search and `select` (in a fresh thread: it is called at trace
 time) and returns what the cache stores; `region_kernel` lowers a chosen µGraph for a backend
-and wraps it as a `jax.custom_vjp` whose backward pass is the XLA vjp of the region. Used by
+and wraps it as a `jax.custom_jvp` whose tangent is the XLA jvp of the region. Used by
 `mirage_jax.api`; every failure is returned as a reason (the region then runs as XLA).
 """
 
@@ -135,7 +135,7 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
 def region_kernel(
     decision: Any, region: Any, backend: str, lower_config: Any, strict: bool | None = None
 ) -> Callable | str:
-    """The region's replacement (a custom_vjp around the lowered µGraph), or why not.
+    """The region's replacement (a custom_jvp around the lowered µGraph), or why not.
 
     A failure is a warning and the region runs as XLA; in strict mode it raises (`fallback`).
     """
