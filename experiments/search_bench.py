@@ -10,7 +10,7 @@ Two phases:
   best µGraphs (JSON) so the GPU phase needs no search.
 - ``--phase select`` (the GPU machine; no egglog or galois needed): reads that file, lowers
   the best µGraphs of each benchmark with our backend, times them and XLA with
-  `mirage_jax.profile.time_device` (`mirage_jax.select`), and writes
+  `mirage_jax.profile.time_trace` (`mirage_jax.select`'s clock), and writes
   ``search_gpu.json`` and ``.md``.
 
     python -m experiments.search_bench                       # CPU: search everything

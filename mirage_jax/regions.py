@@ -81,7 +81,6 @@ def eagerly(fn: Callable[..., Any], *args: Any) -> Any:
 
 def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -> SearchOutcome:
     from mirage_jax.cache import mugraph_to_json
-    from mirage_jax.profile import time_trace
     from mirage_jax.select import FLOAT_TOL, random_inputs, select
 
     try:
@@ -97,22 +96,14 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
     if not result.mugraphs:
         return SearchOutcome(None, None, None, {}, result.message or result.stop_reason)
     timed = has_gpu() and backends.get(backend).needs_gpu
-    xs = random_inputs(program, opts.seed)
-
-    def timer(fn: Callable[..., Any], _: Any) -> tuple[float, str]:
-        # the results tables' clock: the GPU's kernel time per call (profiler trace)
-        t = time_trace(fn, lambda s: random_inputs(program, opts.seed + s), calls=30)
-        return float(t.median_us), "mirage_jax.profile.time_trace"
-
     sel = select(
         result,
         program,
         backend=backend,
         top=int(opts.options.get("time_top", 4)) if timed else None,
         tie=0.0,
-        timer=timer,
-        timed=timed,
-        inputs=lambda _: xs,
+        timed=timed,  # by select's default clock, the results tables' (profile.time_trace)
+        inputs=lambda s: random_inputs(program, opts.seed + s),
         rtol=FLOAT_TOL,
         lower=lambda g, backend: jax.jit(lower_mugraph(g, backend, opts.lower_config)),
         verify_trials=3,

@@ -5,8 +5,8 @@ It sits above the search (it takes a `SearchResult`), the lowering and the timer
 The search ranks its µGraphs by the cost model; `select` lowers the first `top` of them with
 the chosen backend (verifying each at full size first when asked), checks each against the
 region run in float64 (a lowering that computes something else is dropped, never timed), times
-them and the plain XLA function the same way (`mirage_jax.profile.time_device`, the chained
-method, unless a `timer` is given), and returns the fastest. XLA is a contender and wins ties:
+them and the plain XLA function the same way (`mirage_jax.profile.time_trace`, the GPU's
+kernel time per call that the results tables use, unless a `timer` is given), and returns the fastest. XLA is a contender and wins ties:
 a µGraph is chosen only if it is faster than XLA by more than `tie` (relative). Untimed
 (`timed=False`, e.g. no GPU), the cost model's best µGraph that passes is taken.
 """
@@ -117,10 +117,10 @@ def random_inputs(program: Program, seed: int, scale: float = 0.25) -> list[np.n
 
 
 def _default_timer(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]]):
-    from mirage_jax.profile import time_device
+    from mirage_jax.profile import time_trace
 
-    t = time_device(fn, inputs)
-    return t.median_us, t.method
+    t = time_trace(fn, inputs, calls=30)
+    return t.median_us, "mirage_jax.profile.time_trace"
 
 
 def select(
@@ -148,7 +148,8 @@ def select(
         top: how many µGraphs (best estimated first) to lower and time (None: all).
         tie: a µGraph must beat XLA by more than this fraction.
         timer: `timer(fn, inputs) -> median µs` or `(median µs, method)`; default:
-            `mirage_jax.profile.time_device` (device time on a GPU).
+            `mirage_jax.profile.time_trace` (kernel time per call on a GPU, 30 calls over
+            rotating `inputs`).
         timed: False: time nothing; take the first µGraph (the cost model's best) that passes.
         inputs: `seed -> input set`; default `random_inputs(program, seed)`.
         rtol: a lowered µGraph whose result differs from the region's in float64 by more than
