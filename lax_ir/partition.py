@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
+from lax_ir.canonical import adapt, squeeze_leading
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
 from lax_ir.ops import OPS
+from lax_ir.pieces import constant_like, demotions, gemm_cuts, piece_labels
 from lax_ir.program import Node, Program, make_params
 
 SHIFT_PASS_THROUGH = ("broadcast_in_dim", "reshape", "convert", "transpose")
@@ -198,9 +200,36 @@ def _node_label(n: Node) -> str:
     return n.op
 
 
-def partition(program: Program) -> Partition:
-    """Split `program` into maximal acyclic Lax regions plus residual XLA ops."""
+def partition(program: Program, pieces: bool = True) -> Partition:
+    """Split `program` into acyclic Lax regions plus residual XLA ops.
+
+    The regions are maximal; with `pieces` (the default) they are then refined into searchable
+    pieces (`lax_ir.pieces`): layout ops at their edges or restructuring dimensions go to XLA,
+    and a region with more matmuls than one kernel plan covers is cut at GEMM-group boundaries.
+    """
     cls = classify(program)
+    const = constant_like(program)
+    kinds = ["structural" if i in const and k == "lax" else k for i, k in enumerate(cls.kinds)]
+    cls = Classification(tuple(kinds), cls.reasons)
+    groups = _group(program, cls, None)
+    if pieces:
+        reasons = dict(cls.reasons)
+        labels: dict[int, int] = {}
+        for g in groups.values():
+            demoted = demotions(program, g)
+            for i, why in demoted.items():
+                kinds[i], reasons[i] = "residual", why
+            kept = [i for i in g if i not in demoted]
+            labels.update(piece_labels(program, kept, gemm_cuts(program, kept)))
+        cls = Classification(tuple(kinds), reasons)
+        groups = _group(program, cls, labels)
+    return _assemble(program, cls, groups)
+
+
+def _group(
+    program: Program, cls: Classification, labels: Mapping[int, int] | None
+) -> dict[int, list[int]]:
+    """Lax nodes merged into acyclic groups along producer edges (within equal labels)."""
     nodes = program.nodes
     n = len(nodes)
     active = [i for i in range(n) if cls.kinds[i] != "structural"]
@@ -238,6 +267,8 @@ def partition(program: Program) -> Partition:
         for a in nodes[i].args:
             if cls.kinds[a] != "lax":
                 continue
+            if labels is not None and labels.get(a) != labels.get(i):
+                continue
             ga, gi = groups_of[a], groups_of[i]
             if ga == gi:
                 continue
@@ -248,6 +279,13 @@ def partition(program: Program) -> Partition:
     for i in active:
         if cls.kinds[i] == "lax":
             groups.setdefault(groups_of[i], []).append(i)
+    return groups
+
+
+def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]]) -> Partition:
+    """Regions from node groups, residual nodes, and a topological order of both."""
+    nodes = program.nodes
+    active = [i for i in range(len(nodes)) if cls.kinds[i] != "structural"]
     residual = tuple(i for i in active if cls.kinds[i] == "residual")
 
     # Order units (regions and residual nodes) topologically.
@@ -291,7 +329,9 @@ def partition(program: Program) -> Partition:
         ins: list[int] = []
         for i in members:
             for a in nodes[i].args:
-                if a not in mset and nodes[a].op != "constant" and a not in ins:
+                if a in mset or a in ins:
+                    continue
+                if nodes[a].op == "input" or cls.kinds[a] != "structural":
                     ins.append(a)
         ins.sort()  # program inputs first, in positional order
         outs = [i for i in members if i in outputs or any(u not in mset for u in program.users[i])]
@@ -315,9 +355,15 @@ def _unit_key(u: tuple[str, int], groups: dict[int, list[int]], roots: list[int]
 
 
 def _subprogram(
-    program: Program, members: Sequence[int], ins: Sequence[int], outs: Sequence[int], name: str
+    program: Program,
+    members: Sequence[int],
+    ins: Sequence[int],
+    outs: Sequence[int],
+    name: str,
+    squeeze: bool = True,
 ) -> Program:
-    """The region as a standalone Program: external values become inputs, constants copied."""
+    """The region as a standalone Program: external values become inputs, constants copied;
+    with `squeeze`, in the ranks the search works in (`lax_ir.canonical`)."""
     nodes = program.nodes
     new: list[Node] = []
     remap: dict[int, int] = {}
@@ -325,15 +371,22 @@ def _subprogram(
         remap[a] = len(new)
         new.append(Node("input", (), nodes[a].shape, nodes[a].dtype, ()))
     mset = set(members)
-    for i in sorted(
-        mset | {a for m in members for a in nodes[m].args if nodes[a].op == "constant"}
-    ):
+    const = constant_like(program)
+    copied: set[int] = set()
+    stack = [a for m in members for a in nodes[m].args if a in const]
+    while stack:
+        a = stack.pop()
+        if a not in copied:
+            copied.add(a)
+            stack.extend(nodes[a].args)
+    for i in sorted(mset | copied):
         if i in remap:
             continue
         nd = nodes[i]
         remap[i] = len(new)
         new.append(Node(nd.op, tuple(remap[a] for a in nd.args), nd.shape, nd.dtype, nd.params))
-    return Program.build(new, [remap[a] for a in ins], [remap[o] for o in outs], {"name": name})
+    sub = Program.build(new, [remap[a] for a in ins], [remap[o] for o in outs], {"name": name})
+    return squeeze_leading(sub) if squeeze else sub
 
 
 # ---------------------------------------------------------------------- rebuild
@@ -350,9 +403,9 @@ def run_partition(
     replacements = replacements or {}
     algebra = FloatAlgebra()
     env: dict[int, Any] = dict(zip(program.inputs, inputs))
-    for i, nd in enumerate(program.nodes):
-        if nd.op == "constant":
-            env[i] = eval_node(algebra, nd, [])
+    for i in sorted(constant_like(program)):
+        nd = program.nodes[i]
+        env[i] = eval_node(algebra, nd, [env[a] for a in nd.args])
     for kind, idx in part.order:
         if kind == "node":
             nd = program.nodes[idx]
@@ -361,7 +414,9 @@ def run_partition(
             region = part.regions[idx]
             args = [env[a] for a in region.inputs]
             impl = replacements.get(idx)
-            outs = impl(*args) if impl is not None else evaluate(region.program, *args)
+            if impl is None:
+                impl = adapt(lambda *xs, p=region.program: evaluate(p, *xs), region.program)
+            outs = impl(*args)
             for o, v in zip(region.outputs, outs):
                 env[o] = v
     return [env[o] for o in program.outputs]

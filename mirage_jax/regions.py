@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 import lax_ir
+from lax_ir.canonical import adapt
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
 
@@ -171,7 +172,7 @@ def region_kernel(
             strict,
         )
         return "lowered kernel has the wrong output shapes/dtypes"
-    return with_xla_jvp(ordered, program)
+    return adapt(with_xla_jvp(ordered, program), program)
 
 
 def lower_mugraph(

@@ -1,0 +1,167 @@
+"""A region's Program in the ranks the search works in: leading unit dimensions dropped.
+
+Model code carries a batch and a sequence axis of size 1 through a decode step (`[1, 1, d]`),
+and jnp's matmul works on 2-D operands, so a captured block mixes ranks: a `[1, 1, d]` norm,
+a reshape to `[1, d]`, a matmul, a reshape back, a residual add. The µGraph has no reshape op,
+so each such reshape in the middle of a region left it without candidates. `squeeze_leading`
+rewrites a region so that every tensor of rank > 2 loses its leading size-1 dimensions (down to
+rank 2): numpy broadcasting aligns shapes from the right, so elementwise ops keep their meaning,
+and reductions, broadcasts, transposes and concatenations get their axes renumbered. Reshapes
+and transposes that only move unit dimensions become reshapes, and those between equal shapes
+disappear, as do additions and subtractions of a constant zero. Inputs and outputs take the
+squeezed shapes too; `meta["interface"]` keeps the region's own shapes and `adapt` wraps a
+function of the squeezed Program (its kernel) to take and return those (reshapes: bitcasts in
+XLA). A Program the rewrite does not cover is returned unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lax_ir.ops import ELEMENTWISE, broadcast_shapes, matmul_shape
+from lax_ir.program import Const, Node, Program, make_params
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _target(shape: tuple[int, ...]) -> tuple[int, ...]:
+    shape = tuple(shape)
+    while len(shape) > 2 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _is_bitcast(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    return [d for d in src if d > 1] == [d for d in dst if d > 1]
+
+
+def squeeze_leading(program: Program) -> Program:
+    """`program` with leading unit dimensions dropped inside (same interface); see module doc."""
+    if all(len(n.shape) <= 2 or n.shape[0] != 1 for n in program.nodes):
+        return program
+    try:
+        return _rewrite(program)
+    except _Unsupported:
+        return program
+
+
+def _rewrite(program: Program) -> Program:
+    old = program.nodes
+    new: list[Node] = []
+    value: dict[int, int] = {}  # old node -> new node holding its value, canonical shape
+    zero: set[int] = set()  # new nodes that are constant zeros (through layout ops)
+
+    def add(node: Node) -> int:
+        new.append(node)
+        return len(new) - 1
+
+    def reshape(i: int, shape: tuple[int, ...]) -> int:
+        n = new[i]
+        if n.shape == tuple(shape):
+            return i
+        if n.op == "reshape":  # a reshape of a reshape is one reshape
+            i = n.args[0]
+            if new[i].shape == tuple(shape):
+                return i
+        return add(Node("reshape", (i,), tuple(shape), n.dtype, make_params()))
+
+    inputs = []
+    for i, n in enumerate(old):
+        args = tuple(value[a] for a in n.args)
+        shapes = [new[a].shape for a in args]
+        dropped = [len(old[a].shape) - len(new[value[a]].shape) for a in n.args]
+        t = _target(n.shape)
+        d_out = len(n.shape) - len(t)
+        if n.op == "input":
+            j = add(Node(n.op, (), t, n.dtype, n.params))
+            inputs.append(j)
+            value[i] = j
+        elif n.op == "constant":
+            c = n.param("value")
+            if t != n.shape:
+                if c.array.size != int(np.prod(n.shape)):
+                    raise _Unsupported(n.op)
+                arr = np.asarray(c.array).reshape(t)
+                n = Node(n.op, (), t, n.dtype, make_params(value=Const(arr, n.dtype)))
+            value[i] = add(n)
+            if not np.any(np.asarray(c.array)):
+                zero.add(value[i])
+        elif n.op in ELEMENTWISE:
+            shape = broadcast_shapes(*shapes)
+            if n.op in ("add", "sub") and args[-1] in zero and shapes[0] == shape:
+                value[i] = args[0]
+            elif n.op == "add" and args[0] in zero and shapes[-1] == shape:
+                value[i] = args[-1]
+            else:
+                value[i] = add(Node(n.op, args, shape, n.dtype, n.params))
+        elif n.op in ("reduce_sum", "reduce_max"):
+            axes = tuple(a - dropped[0] for a in n.param("axes"))
+            if any(a < 0 for a in axes):
+                raise _Unsupported(n.op)
+            shape = tuple(d for k, d in enumerate(shapes[0]) if k not in axes)
+            params = tuple((k, axes if k == "axes" else v) for k, v in n.params)
+            value[i] = add(Node(n.op, args, shape, n.dtype, params))
+        elif n.op == "reshape" or (
+            n.op == "transpose" and _is_bitcast(old[n.args[0]].shape, n.shape)
+        ):
+            if not _is_bitcast(old[n.args[0]].shape, n.shape):
+                raise _Unsupported(n.op)
+            value[i] = reshape(args[0], t)
+        elif n.op == "transpose":
+            perm = tuple(n.param("permutation"))
+            k = dropped[0]
+            if k != d_out or perm[:k] != tuple(range(k)):
+                raise _Unsupported(n.op)
+            params = make_params(permutation=tuple(p - k for p in perm[k:]))
+            value[i] = add(Node(n.op, args, t, n.dtype, params))
+        elif n.op == "broadcast_in_dim":
+            dims = tuple(n.param("broadcast_dimensions"))
+            k = dropped[0]
+            new_dims = tuple(d - d_out for d in dims[k:])
+            if any(d < 0 for d in new_dims):
+                raise _Unsupported(n.op)
+            params = tuple(
+                (name, new_dims if name == "broadcast_dimensions" else v) for name, v in n.params
+            )
+            if "shape" in dict(n.params):
+                params = tuple((name, t if name == "shape" else v) for name, v in params)
+            value[i] = add(Node(n.op, args, t, n.dtype, params))
+        elif n.op == "matmul":
+            value[i] = add(Node(n.op, args, matmul_shape(*shapes), n.dtype, n.params))
+        elif n.op == "concatenate":
+            k = d_out
+            if any(x != k for x in dropped) or n.param("axis") < k:
+                raise _Unsupported(n.op)
+            params = tuple((name, v - k if name == "axis" else v) for name, v in n.params)
+            value[i] = add(Node(n.op, args, t, n.dtype, params))
+        else:
+            raise _Unsupported(n.op)
+        if n.op in ("reshape", "transpose", "broadcast_in_dim") and args[0] in zero:
+            zero.add(value[i])
+    outputs = [reshape(value[o], _target(old[o].shape)) for o in program.outputs]
+    interface = (
+        tuple(old[i].shape for i in program.inputs),
+        tuple(old[o].shape for o in program.outputs),
+    )
+    meta = {"name": program.meta.get("name", "region"), "interface": interface}
+    return Program.build(new, inputs, outputs, meta)
+
+
+def adapt(fn: Callable[..., Any], program: Program) -> Callable[..., Any]:
+    """`fn` (a function of `program`'s inputs) taking and returning the region's own shapes."""
+    interface = program.meta.get("interface")
+    if interface is None:
+        return fn
+    ins = [shape for shape, _ in program.input_avals]
+    outs = interface[1]
+
+    def adapted(*xs: Any) -> list[Any]:
+        got = fn(*[x.reshape(s) for x, s in zip(xs, ins)])
+        return [y.reshape(s) for y, s in zip(got, outs)]
+
+    return adapted

@@ -1,0 +1,188 @@
+"""Searchable pieces of real model code: layout ops at the edges, cuts at GEMM boundaries.
+
+A maximal Lax region of a decoder block holds a block's worth of work: projections, rotary
+embeddings, the attention, the MLP, with head-splitting reshapes and transposes between them.
+The search handles one GEMM group with its prologue and epilogue (the paper's benchmarks), not
+a block, and it has no vocabulary for a reshape that splits or merges dimensions. So after the
+maximal regions are formed, `refine`:
+
+1. demotes layout ops to XLA (they become residual ops, with a reason): every reshape or
+   transpose that restructures non-unit dimensions (a head split, a head merge, `k.T`), and
+   every reshape/transpose/broadcast at a region's edge (reading only values from outside the
+   region, or read only from outside it). XLA runs them as bitcasts or copies; the region then
+   reads and writes plain row-major tensors;
+2. cuts a region with more matmuls than one kernel plan covers (`MAX_MATMULS`) at the end of
+   each GEMM group's epilogue: a group is the matmuls that read the same activation (q/k/v, or
+   gate/up), its epilogue the elementwise ops that read only the group's results and earlier
+   cuts (SiLU and the gating product, a residual add). The epilogue ends where something else
+   reads it (a norm's reduction, the next GEMM); an end that is the only reader's function of
+   one epilogue value (the norm's `h * h`) moves to the reader's side, so the residual stream
+   `h` is the one cut. The attention
+   core is never cut: a matmul whose result reaches an `exp` before any other matmul (QKᵀ) has
+   no epilogue of its own, so QKᵀ, the scale, the mask, the softmax and PV stay together.
+
+Constants laid out by reshapes and broadcasts are copied into the regions that read them
+(`constant_like`), so a zero or a table cuts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from scipy.cluster.hierarchy import DisjointSet
+
+from lax_ir.ops import ELEMENTWISE
+from lax_ir.program import Program
+
+LAYOUT = ("reshape", "transpose", "broadcast_in_dim")
+MAX_MATMULS = 3
+"""A region with more matmuls than this is cut at GEMM-group boundaries."""
+_DEMOTED = "a layout op at a region's edge or restructuring dimensions: runs in XLA"
+_RESTRUCTURES = "a {op} that splits, merges or reorders non-unit dimensions: runs in XLA"
+
+
+def restructures(program: Program, i: int) -> bool:
+    """Does layout node i move data between non-unit dimensions (not a bitcast of the layout)?"""
+    n = program.nodes[i]
+    src = program.nodes[n.args[0]].shape if n.args else ()
+    if n.op == "reshape":
+        return [d for d in src if d > 1] != [d for d in n.shape if d > 1]
+    if n.op == "transpose":
+        kept = [p for p in n.param("permutation") if src[p] > 1]
+        return kept != sorted(kept)
+    return False
+
+
+def constant_like(program: Program) -> set[int]:
+    """Nodes computed from constants by layout ops and converts (copied into every reader)."""
+    out: set[int] = set()
+    for i, n in enumerate(program.nodes):
+        if n.op == "constant" or (
+            n.op in (*LAYOUT, "convert")
+            and n.args
+            and all(a in out for a in n.args)
+            and i not in program.outputs
+        ):
+            out.add(i)
+    return out
+
+
+def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
+    """The layout ops of one region that XLA should run, with the reason for each."""
+    nodes, users = program.nodes, program.users
+    origins = program.meta.get("origins")
+
+    def placed(*values: int) -> bool:
+        """Do the values that would cross the region's edge exist in the traced jaxpr (a
+        capture normalisation's own reshapes do not: a kernel could not be put in place)?"""
+        return origins is None or all(origins[v] for v in values)
+
+    inside = set(group)
+    out: dict[int, str] = {
+        i: _RESTRUCTURES.format(op=nodes[i].op)
+        for i in group
+        if nodes[i].op in LAYOUT and restructures(program, i) and placed(i, *nodes[i].args)
+    }
+    inside -= set(out)
+    outputs = set(program.outputs)
+    changed = True
+    while changed:
+        changed = False
+        for i in sorted(inside):
+            n = nodes[i]
+            if n.op not in LAYOUT:
+                continue
+            leading = (
+                n.op != "broadcast_in_dim" and all(a not in inside for a in n.args) and placed(i)
+            )
+            readers = [u for u in users[i] if u in inside]
+            trailing = not readers and (users[i] or i in outputs) and placed(*n.args)
+            if leading or trailing:
+                out[i] = _DEMOTED
+                inside.discard(i)
+                changed = True
+    return out
+
+
+def _reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
+    """Is an `exp` reachable from matmul m through kept non-matmul nodes (m is a QKᵀ)?"""
+    stack, seen = [m], {m}
+    while stack:
+        x = stack.pop()
+        for u in program.users[x]:
+            if u in seen or u not in kept or program.nodes[u].op == "matmul":
+                continue
+            if program.nodes[u].op == "exp":
+                return True
+            seen.add(u)
+            stack.append(u)
+    return False
+
+
+def _activation(program: Program, m: int) -> int:
+    """The first operand of matmul m, seen through layout ops and converts."""
+    a = program.nodes[m].args[0]
+    while program.nodes[a].op in (*LAYOUT, "convert"):
+        a = program.nodes[a].args[0]
+    return a
+
+
+def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
+    """Nodes of a large region after which a new piece starts (the ends of GEMM epilogues)."""
+    nodes, users = program.nodes, program.users
+    kept = set(kept)
+    matmuls = sorted(i for i in kept if nodes[i].op == "matmul")
+    if len(matmuls) <= MAX_MATMULS:
+        return set()
+    siblings: dict[int, list[int]] = {}
+    for m in matmuls:
+        if not _reaches_exp(program, m, kept):
+            siblings.setdefault(_activation(program, m), []).append(m)
+    cuts: set[int] = set()
+    for group in sorted(siblings.values()):
+        epi = set(group)
+        grown = True
+        while grown:
+            grown = False
+            for x in sorted(epi):
+                for u in users[x]:
+                    n = nodes[u]
+                    if u in epi or u not in kept:
+                        continue
+                    if n.op not in (*ELEMENTWISE, *LAYOUT) or n.op == "matmul":
+                        continue
+                    if all(a in epi or a not in kept or a in cuts for a in n.args):
+                        epi.add(u)
+                        grown = True
+        ends = {x for x in epi if any(u in kept and u not in epi for u in users[x])}
+        # An end that is a function of one other epilogue value (h*h, h - 0) is recomputed by
+        # its reader: pull the cut back to that value.
+        pulled = True
+        while pulled:
+            pulled = False
+            for x in sorted(ends):
+                inner = [a for a in nodes[x].args if a in epi]
+                if (
+                    x not in group
+                    and len(set(inner)) == 1
+                    and x not in program.outputs
+                    and len(users[x]) == 1
+                ):
+                    ends.discard(x)
+                    epi.discard(x)
+                    ends.add(inner[0])
+                    pulled = True
+        cuts |= ends
+    return cuts
+
+
+def piece_labels(program: Program, kept: Iterable[int], cuts: set[int]) -> dict[int, int]:
+    """Piece label per kept node: connected through producer edges that are not cuts."""
+    kept = sorted(kept)
+    ds = DisjointSet(kept)
+    kset = set(kept)
+    for i in kept:
+        for a in program.nodes[i].args:
+            if a in kset and a not in cuts:
+                ds.merge(a, i)
+    return {i: ds[i] for i in kept}
