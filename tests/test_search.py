@@ -368,10 +368,11 @@ def test_tanh_is_searched_and_fused_into_the_matmul_kernel():
 
 
 def _two_input_region(fn, second=(32, 32)):
+    """The maximal region (no pieces: `partition` would move `k.T` to XLA at the edge)."""
     import jax
 
     specs = [jax.ShapeDtypeStruct((16, 32), jnp.float32), jax.ShapeDtypeStruct(second, jnp.float32)]
-    return lax_ir.partition(lax_ir.capture(fn, *specs)).regions[0].program
+    return lax_ir.partition(lax_ir.capture(fn, *specs), pieces=False).regions[0].program
 
 
 def _attention_scores(q, k):
