@@ -8,16 +8,18 @@ rewrites a region so that every tensor of rank > 2 loses its leading size-1 dime
 rank 2): numpy broadcasting aligns shapes from the right, so elementwise ops keep their meaning,
 and reductions, broadcasts, transposes and concatenations get their axes renumbered. Reshapes
 and transposes that only move unit dimensions become reshapes, and those between equal shapes
-disappear, as do additions and subtractions of a constant zero. Inputs and outputs take the
-squeezed shapes too; `meta["interface"]` keeps the region's own shapes and `adapt` wraps a
-function of the squeezed Program (its kernel) to take and return those (reshapes: bitcasts in
-XLA). A Program the rewrite does not cover is returned unchanged.
+disappear, as do additions and subtractions of a constant zero; a division by a constant
+becomes a multiplication by its reciprocal (exact for a power of two such as attention's
+1/sqrt(64); otherwise the reciprocal rounded once, well inside any float tolerance: the
+verifier proves the µGraph equal to this form, and the float check compares the kernel with
+the region as written). Inputs and outputs take the
+squeezed shapes too; `meta["interface"]` (see `lax_ir.layouts`) says how the region's own
+values map to them, and `layouts.adapt` wraps a function of the squeezed Program (its kernel)
+to take and return the region's values (reshapes: bitcasts in XLA). A Program the rewrite does
+not cover is returned unchanged.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -38,6 +40,12 @@ def _target(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _is_bitcast(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
     return [d for d in src if d > 1] == [d for d in dst if d > 1]
+
+
+def _invertible(c: Node) -> bool:
+    """A float constant with no zero, whose reciprocal is a float again."""
+    arr = np.asarray(c.param("value").array)
+    return arr.dtype.kind == "f" and bool(np.all(arr != 0)) and bool(np.all(np.isfinite(arr)))
 
 
 def squeeze_leading(program: Program) -> Program:
@@ -97,6 +105,12 @@ def _rewrite(program: Program) -> Program:
                 value[i] = args[0]
             elif n.op == "add" and args[0] in zero and shapes[-1] == shape:
                 value[i] = args[-1]
+            elif n.op == "div" and new[args[1]].op == "constant" and _invertible(new[args[1]]):
+                c = new[args[1]]
+                arr = np.asarray(c.param("value").array)
+                recip = (1.0 / arr.astype(np.float64)).astype(arr.dtype)
+                r = add(Node("constant", (), c.shape, c.dtype, make_params(value=Const(recip))))
+                value[i] = add(Node("mul", (args[0], r), shape, n.dtype, make_params()))
             else:
                 value[i] = add(Node(n.op, args, shape, n.dtype, n.params))
         elif n.op in ("reduce_sum", "reduce_max"):
@@ -144,24 +158,15 @@ def _rewrite(program: Program) -> Program:
         if n.op in ("reshape", "transpose", "broadcast_in_dim") and args[0] in zero:
             zero.add(value[i])
     outputs = [reshape(value[o], _target(old[o].shape)) for o in program.outputs]
-    interface = (
-        tuple(old[i].shape for i in program.inputs),
-        tuple(old[o].shape for o in program.outputs),
-    )
+    interface = {
+        "inputs": tuple(
+            (k, () if new[j].shape == old[i].shape else (("reshape", new[j].shape),))
+            for k, (i, j) in enumerate(zip(program.inputs, inputs))
+        ),
+        "outputs": tuple(
+            () if _target(old[o].shape) == old[o].shape else (("reshape", old[o].shape),)
+            for o in program.outputs
+        ),
+    }
     meta = {"name": program.meta.get("name", "region"), "interface": interface}
     return Program.build(new, inputs, outputs, meta)
-
-
-def adapt(fn: Callable[..., Any], program: Program) -> Callable[..., Any]:
-    """`fn` (a function of `program`'s inputs) taking and returning the region's own shapes."""
-    interface = program.meta.get("interface")
-    if interface is None:
-        return fn
-    ins = [shape for shape, _ in program.input_avals]
-    outs = interface[1]
-
-    def adapted(*xs: Any) -> list[Any]:
-        got = fn(*[x.reshape(s) for x, s in zip(xs, ins)])
-        return [y.reshape(s) for y, s in zip(got, outs)]
-
-    return adapted

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
-from lax_ir.canonical import adapt, squeeze_leading
+from lax_ir.canonical import squeeze_leading
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
+from lax_ir.layouts import adapt, hoist_layouts
 from lax_ir.ops import OPS
 from lax_ir.pieces import constant_like, demotions, gemm_cuts, piece_labels
 from lax_ir.program import Node, Program, make_params
@@ -386,7 +387,7 @@ def _subprogram(
         remap[i] = len(new)
         new.append(Node(nd.op, tuple(remap[a] for a in nd.args), nd.shape, nd.dtype, nd.params))
     sub = Program.build(new, [remap[a] for a in ins], [remap[o] for o in outs], {"name": name})
-    return squeeze_leading(sub) if squeeze else sub
+    return hoist_layouts(squeeze_leading(sub)) if squeeze else sub
 
 
 # ---------------------------------------------------------------------- rebuild

@@ -9,8 +9,9 @@ maximal regions are formed, `refine`:
 1. demotes layout ops to XLA (they become residual ops, with a reason): every reshape or
    transpose that restructures non-unit dimensions (a head split, a head merge, `k.T`), and
    every reshape/transpose/broadcast at a region's edge (reading only values from outside the
-   region, or read only from outside it). XLA runs them as bitcasts or copies; the region then
-   reads and writes plain row-major tensors;
+   region, or read only from outside it), and a concatenation of values from outside (rotary
+   embeddings' rotate-half, with the negation feeding it). XLA runs them as bitcasts or copies;
+   the region then reads and writes plain row-major tensors;
 2. cuts a region with more matmuls than one kernel plan covers (`MAX_MATMULS`) at the end of
    each GEMM group's epilogue: a group is the matmuls that read the same activation (q/k/v, or
    gate/up), its epilogue the elementwise ops that read only the group's results and earlier
@@ -19,7 +20,9 @@ maximal regions are formed, `refine`:
    one epilogue value (the norm's `h * h`) moves to the reader's side, so the residual stream
    `h` is the one cut. The attention
    core is never cut: a matmul whose result reaches an `exp` before any other matmul (QKᵀ) has
-   no epilogue of its own, so QKᵀ, the scale, the mask, the softmax and PV stay together.
+   no epilogue of its own, so QKᵀ, the scale, the mask, the softmax and PV stay together; its
+   computed operands (Q and K after rotary embeddings) are cuts, so the attention piece starts
+   at them and the rotary embedding is a piece of its own.
 
 Constants laid out by reshapes and broadcasts are copied into the regions that read them
 (`constant_like`), so a zero or a table cuts nothing.
@@ -90,6 +93,23 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
         changed = False
         for i in sorted(inside):
             n = nodes[i]
+            if n.op == "concatenate" or (n.op in ("neg", "convert") and n.args):
+                # rotary embeddings' rotate-half, concatenate(-x2, x1), from values outside:
+                # the search has no concatenation; XLA builds it and the region reads it
+                feeds_concat = (
+                    users[i]
+                    and all(nodes[u].op == "concatenate" for u in users[i] if u in inside)
+                    and all(u in inside for u in users[i])
+                )
+                if (
+                    (n.op == "concatenate" or feeds_concat)
+                    and all(a not in inside for a in n.args)
+                    and placed(i)
+                ):
+                    out[i] = _DEMOTED
+                    inside.discard(i)
+                    changed = True
+                continue
             if n.op not in LAYOUT:
                 continue
             leading = (
@@ -135,10 +155,16 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
     if len(matmuls) <= MAX_MATMULS:
         return set()
     siblings: dict[int, list[int]] = {}
+    cuts: set[int] = set()
     for m in matmuls:
         if not _reaches_exp(program, m, kept):
             siblings.setdefault(_activation(program, m), []).append(m)
-    cuts: set[int] = set()
+            continue
+        for a in nodes[m].args:  # QKᵀ reads Q and K as computed (rotary embeddings: XLA)
+            while nodes[a].op in (*LAYOUT, "convert") and a in kept:
+                a = nodes[a].args[0]
+            if a in kept:
+                cuts.add(a)
     for group in sorted(siblings.values()):
         epi = set(group)
         grown = True

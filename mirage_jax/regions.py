@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 import lax_ir
-from lax_ir.canonical import adapt
+from lax_ir.layouts import adapt
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
 

@@ -10,8 +10,9 @@ import pytest
 
 import lax_ir
 from experiments import models as M
-from lax_ir.canonical import adapt, squeeze_leading
+from lax_ir.canonical import squeeze_leading
 from lax_ir.interpret import evaluate
+from lax_ir.layouts import adapt
 from lax_ir.partition import _subprogram
 from mirage_jax.search import Budget, search
 
@@ -87,9 +88,8 @@ def test_squeeze_leading_keeps_meaning() -> None:
     squeezed = squeeze_leading(raw)
     for _, n in squeezed.ops():  # only the gain's [16] -> [1, 16] is left, on an input
         assert n.op != "reshape" or squeezed.nodes[n.args[0]].op == "input"
-    assert squeezed.meta["interface"] == (
-        tuple(a.shape for a in args),
-        tuple(program.nodes[o].shape for o in program.outputs),
+    assert squeezed.meta["interface"]["outputs"] == (
+        tuple(("reshape", program.nodes[o].shape) for o in program.outputs),
     )
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(a.shape).astype(np.float32) for a in args]
@@ -112,10 +112,11 @@ def test_pieces_rebuild_matches_jax() -> None:
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["norm_qkv", "norm_mlp", "proj_residual"])
+@pytest.mark.parametrize("kind", ["norm_qkv", "norm_mlp", "proj_residual", "attention"])
 def test_block_pieces_get_verified_mugraphs(kind: str) -> None:
     """The search returns verified µGraphs for a decoder block's norm + projections, norm +
-    gated MLP up-projection, and projection + residual pieces (tiny llama, flax nnx)."""
+    gated MLP up-projection, projection + residual and attention (QKᵀ, scale, mask, stable
+    softmax, PV over the GQA cache) pieces (tiny llama, flax nnx)."""
     part = _part("llama_decode_nnx")
     p = part.program
 
@@ -124,6 +125,8 @@ def test_block_pieces_get_verified_mugraphs(kind: str) -> None:
         mm = ops.count("matmul")
         if kind == "norm_qkv":
             return mm == 3 and "reduce_sum" in ops
+        if kind == "attention":
+            return "exp" in ops
         if kind == "norm_mlp":
             return mm == 2 and "logistic" in ops and "reduce_sum" in ops
         return mm == 1 and "add" in ops and "reduce_sum" not in ops

@@ -1,0 +1,330 @@
+"""Layouts out of a region's Program: transposes and unit-dim reshapes move to its interface.
+
+The µGraph has no transpose or reshape op, so a region that reads `k.T`, writes `(P V)ᵀ` or
+inserts a unit axis into Q in its middle has no candidate. These rewrites keep the region's
+meaning and move such layout ops to its edges, where `adapt` applies them in XLA:
+
+- **input**: a transpose or reshape of an input becomes a new input (the region's input with
+  that layout op applied before the call);
+- **output**: an output that is a transpose or reshape of another value is that value, with
+  the layout op applied after the call;
+- **operand order**: `A @ B`, with A read from an input and B a computed value laid out as
+  `swap(P)` (its last two axes exchanged, e.g. the einsum form `Vᵀ Pᵀ` of attention's PV),
+  becomes `swap(P @ swap(A))`: the computed operand comes first, the swaps go to the edges;
+- **scale**: `(A @ B) * c`, c a scalar constant and A an input (attention's 1/sqrt(d) on Q), is
+  `(c A) @ B` with the scaling done before the call (exact for a power of two; otherwise one
+  rounding, inside any float tolerance), which saves the kernel one op;
+- **unit axes**: a reshape that only inserts size-1 axes into an elementwise result is applied
+  to the operands instead (right-aligned broadcasting keeps their meaning), until it reaches
+  the inputs.
+
+The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...)}`,
+ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("scale", c) steps: canonical input k is the
+region's input `position` with `ops` applied; the region's output j is canonical output j with
+`ops` applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lax_ir.ops import ELEMENTWISE
+from lax_ir.program import Node, Program, make_params
+
+Ops = tuple[tuple[str, tuple[int, ...]], ...]
+MAX_STEPS = 64
+
+
+def identity_interface(program: Program) -> dict[str, Any]:
+    """The interface of a Program that is its region's own (no layout steps)."""
+    return {
+        "inputs": tuple((k, ()) for k in range(len(program.inputs))),
+        "outputs": tuple(() for _ in program.outputs),
+    }
+
+
+def apply_ops(x: Any, ops: Ops) -> Any:
+    """Apply interface steps to an array (numpy or jax)."""
+    for op, arg in ops:
+        if op == "reshape":
+            x = x.reshape(arg)
+        elif op == "transpose":
+            x = x.transpose(arg)
+        else:  # ("scale", c): the input times a constant, in its own dtype
+            x = x * np.asarray(arg, dtype=x.dtype)
+    return x
+
+
+def adapt(fn: Callable[..., Any], program: Program) -> Callable[..., Any]:
+    """`fn` (a function of `program`'s inputs) taking and returning the region's own values."""
+    interface = program.meta.get("interface")
+    if interface is None:
+        return fn
+    ins, outs = interface["inputs"], interface["outputs"]
+
+    def adapted(*xs: Any) -> list[Any]:
+        got = fn(*[apply_ops(xs[pos], ops) for pos, ops in ins])
+        return [apply_ops(y, ops) for y, ops in zip(got, outs)]
+
+    return adapted
+
+
+def _step(n: Node) -> tuple[str, tuple[int, ...]]:
+    if n.op == "reshape":
+        return ("reshape", tuple(n.shape))
+    return ("transpose", tuple(n.param("permutation")))
+
+
+def _swapped(shape: Sequence[int]) -> tuple[int, ...]:
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
+def _swap_perm(rank: int) -> tuple[int, ...]:
+    return (*range(rank - 2), rank - 1, rank - 2)
+
+
+def _is_swap(src: Node, n: Node) -> bool:
+    """Is n (a reshape or transpose of src) src with its last two axes exchanged?"""
+    if len(src.shape) < 2 or len(n.shape) != len(src.shape):
+        return False
+    if n.op == "transpose":
+        return tuple(n.param("permutation")) == _swap_perm(len(n.shape))
+    return n.op == "reshape" and tuple(n.shape) == _swapped(src.shape) and 1 in src.shape[-2:]
+
+
+def _unit_positions(src: Sequence[int], dst: Sequence[int]) -> list[int] | None:
+    """Positions of dst that are inserted size-1 axes, if dst is src with unit axes inserted."""
+    pos, j = [], 0
+    for k, d in enumerate(dst):
+        if j < len(src) and src[j] == d:
+            j += 1
+        elif d == 1:
+            pos.append(k)
+        else:
+            return None
+    return pos if j == len(src) and pos else None
+
+
+class _Graph:
+    """A mutable copy of a Program with its interface, rebuilt into a Program at the end."""
+
+    def __init__(self, program: Program):
+        self.nodes = list(program.nodes)
+        self.inputs = list(program.inputs)
+        self.outputs = list(program.outputs)
+        iface = program.meta.get("interface") or identity_interface(program)
+        self.in_ops = {i: iface["inputs"][k] for k, i in enumerate(self.inputs)}
+        self.out_ops = list(iface["outputs"])
+        self.name = program.meta.get("name", "region")
+
+    def live(self) -> list[int]:
+        """Node ids the outputs depend on, ascending."""
+        seen = set(self.outputs)
+        stack = list(self.outputs)
+        while stack:
+            for a in self.nodes[stack.pop()].args:
+                if a not in seen:
+                    seen.add(a)
+                    stack.append(a)
+        return sorted(seen)
+
+    def users(self, i: int) -> list[int]:
+        return [j for j in self.live() if i in self.nodes[j].args]
+
+    def add(self, node: Node) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def replace(self, old: int, new: int) -> None:
+        for j, n in enumerate(self.nodes):
+            if old in n.args and j != new:
+                args = tuple(new if a == old else a for a in n.args)
+                self.nodes[j] = Node(n.op, args, n.shape, n.dtype, n.params)
+        self.outputs = [new if o == old else o for o in self.outputs]
+
+    def build(self) -> Program:
+        """The Program (topologically re-sorted, dead inputs dropped) with its interface."""
+        live = set(self.outputs)
+        stack = list(self.outputs)
+        while stack:
+            for a in self.nodes[stack.pop()].args:
+                if a not in live:
+                    live.add(a)
+                    stack.append(a)
+        inputs = [i for i in self.inputs if i in live]
+        order: list[int] = []
+        placed: set[int] = set()
+
+        def visit(i: int) -> None:
+            if i in placed:
+                return
+            for a in self.nodes[i].args:
+                visit(a)
+            placed.add(i)
+            order.append(i)
+
+        for i in inputs:
+            visit(i)
+        for o in self.outputs:
+            visit(o)
+        index = {old: k for k, old in enumerate(order)}
+        nodes = [
+            Node(n.op, tuple(index[a] for a in n.args), n.shape, n.dtype, n.params)
+            for n in (self.nodes[i] for i in order)
+        ]
+        meta = {
+            "name": self.name,
+            "interface": {
+                "inputs": tuple(self.in_ops[i] for i in inputs),
+                "outputs": tuple(self.out_ops),
+            },
+        }
+        return Program.build(
+            nodes, [index[i] for i in inputs], [index[o] for o in self.outputs], meta
+        )
+
+
+def _input_rule(g: _Graph) -> bool:
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op in ("reshape", "transpose") and g.nodes[n.args[0]].op == "input":
+            x = n.args[0]
+            if x not in g.inputs or j in g.inputs:
+                continue
+            new = g.add(Node("input", (), n.shape, n.dtype, make_params(index=len(g.inputs))))
+            g.inputs.append(new)
+            pos, ops = g.in_ops[x]
+            g.in_ops[new] = (pos, (*ops, _step(n)))
+            g.replace(j, new)
+            return True
+    return False
+
+
+def _output_rule(g: _Graph) -> bool:
+    for k, o in enumerate(g.outputs):
+        n = g.nodes[o]
+        if n.op not in ("reshape", "transpose") or g.users(o) or g.outputs.count(o) > 1:
+            continue
+        g.outputs[k] = n.args[0]
+        g.out_ops[k] = (_step(n), *g.out_ops[k])
+        return True
+    return False
+
+
+def _operand_rule(g: _Graph) -> bool:
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "matmul":
+            continue
+        a, b = n.args
+        an, bn = g.nodes[a], g.nodes[b]
+        from_input = an.op == "input" or (
+            an.op in ("reshape", "transpose") and g.nodes[an.args[0]].op == "input"
+        )
+        if not from_input or bn.op not in ("reshape", "transpose"):
+            continue
+        p = bn.args[0]
+        pn = g.nodes[p]
+        if pn.op == "input" or not _is_swap(pn, bn):
+            continue
+        rank = len(an.shape)
+        a_t = g.add(
+            Node(
+                "transpose",
+                (a,),
+                _swapped(an.shape),
+                an.dtype,
+                make_params(permutation=_swap_perm(rank)),
+            )
+        )
+        prod = g.add(Node("matmul", (p, a_t), _swapped(n.shape), n.dtype, n.params))
+        back = g.add(
+            Node(
+                "transpose",
+                (prod,),
+                n.shape,
+                n.dtype,
+                make_params(permutation=_swap_perm(len(n.shape))),
+            )
+        )
+        g.replace(j, back)
+        return True
+    return False
+
+
+def _unit_rule(g: _Graph) -> bool:
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "reshape":
+            continue
+        y = n.args[0]
+        yn = g.nodes[y]
+        if yn.op not in ELEMENTWISE or len(g.users(y)) != 1 or y in g.outputs:
+            continue
+        pos = _unit_positions(yn.shape, n.shape)
+        if pos is None:
+            continue
+        args = []
+        for a in yn.args:
+            an = g.nodes[a]
+            if not an.shape:
+                args.append(a)
+                continue
+            padded = [1] * (len(yn.shape) - len(an.shape)) + list(an.shape)
+            for k in pos:
+                padded.insert(k, 1)
+            shape = tuple(padded)
+            args.append(
+                a
+                if shape == an.shape
+                else g.add(Node("reshape", (a,), shape, an.dtype, make_params()))
+            )
+        new = g.add(Node(yn.op, tuple(args), n.shape, yn.dtype, yn.params))
+        g.replace(j, new)
+        return True
+    return False
+
+
+def _scale_rule(g: _Graph) -> bool:
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "mul":
+            continue
+        m, c = n.args
+        if g.nodes[c].op != "constant":
+            m, c = c, m
+        mn, cn = g.nodes[m], g.nodes[c]
+        if mn.op != "matmul" or cn.op != "constant" or cn.shape or len(g.users(m)) != 1:
+            continue
+        a = mn.args[0]
+        if a not in g.inputs:
+            continue
+        an = g.nodes[a]
+        new = g.add(Node("input", (), an.shape, an.dtype, make_params(index=len(g.inputs))))
+        g.inputs.append(new)
+        pos, ops = g.in_ops[a]
+        g.in_ops[new] = (pos, (*ops, ("scale", float(np.asarray(cn.param("value").array)))))
+        prod = g.add(Node("matmul", (new, mn.args[1]), mn.shape, mn.dtype, mn.params))
+        g.replace(j, prod)
+        return True
+    return False
+
+
+def hoist_layouts(program: Program) -> Program:
+    """`program` with its transposes and unit-dim reshapes moved to its interface, where the
+    rules above apply; unchanged if none does."""
+    if "interface" not in program.meta and not any(
+        n.op in ("reshape", "transpose") for n in program.nodes
+    ):
+        return program
+    g = _Graph(program)
+    changed = False
+    for _ in range(MAX_STEPS):
+        rules = (_operand_rule, _unit_rule, _input_rule, _output_rule, _scale_rule)
+        if not any(rule(g) for rule in rules):
+            break
+        changed = True
+    return g.build() if changed else program
