@@ -86,6 +86,8 @@ class _Flattener:
             for v, a in zip(jaxpr.invars, args):
                 if a[0] != "lit":
                     self.alias[(scope, id(v))] = a
+                else:  # a literal passed into an inlined call: a constant inside it
+                    self.consts[(scope, id(v))] = a[1]
         for e, eqn in enumerate(jaxpr.eqns):
             path = (*scope, e)
             ins = [self.key(scope, v) for v in eqn.invars]
@@ -115,14 +117,21 @@ def assemble(program: Any, part: Any, replacements: Mapping[int, Callable]) -> A
     origins = program.meta["origins"]
     chosen: dict[int, tuple[list[Place], list[Place]]] = {}
     skipped: dict[int, str] = {}
+    calls: dict[int, Callable] = {}
     for k in sorted(replacements):
         region = part.regions[k]
-        ins = [_choose(origins[i], True) for i in region.inputs]
+        derived = _derive(program, region.inputs, origins)
+        if derived is None:
+            skipped[k] = "a value the region reads has no place in the traced jaxpr"
+            continue
+        anchors, prepare = derived
+        ins = [_choose(origins[i], True) for i in anchors]
         outs = [_choose(origins[o], False) for o in region.outputs]
         if None in ins or None in outs or any(o[0] == "in" for o in outs):
             skipped[k] = "a value of the region has no place in the traced jaxpr"
             continue
         chosen[k] = (ins, outs)
+        calls[k] = lambda *vals, f=replacements[k], prep=prepare: f(*prep(vals))
     inline = {
         p[0][:j]
         for ins, outs in chosen.values()
@@ -147,8 +156,54 @@ def assemble(program: Any, part: Any, replacements: Mapping[int, Callable]) -> A
         ops.append(kop)
         for o in out_keys:
             producer[o] = len(ops) - 1
-    fn = _schedule(ops, producer, top_in, top_out, flat.consts, replacements)
+    fn = _schedule(ops, producer, top_in, top_out, flat.consts, calls)
     return Assembly(fn, tuple(sorted(chosen)), skipped)
+
+
+MAX_DERIVED = 8
+"""At most this many Program nodes are re-evaluated to derive a region input with no place."""
+
+
+def _derive(
+    program: Any, inputs: Sequence[int], origins: Sequence[frozenset]
+) -> tuple[list[int], Callable[[Sequence[Any]], list[Any]]] | None:
+    """The placed values a region's inputs come from, and how to compute the inputs from them.
+
+    An input the capture's normalisation made (the 0/-inf fill of a mask folded into an
+    additive mask, a layout of a value) has no place in the jaxpr; it is recomputed from the
+    nearest placed values by evaluating the few Program nodes between (XLA fuses them into
+    the kernel's producer). None if that needs more than `MAX_DERIVED` nodes or a program input.
+    """
+    from lax_ir.interpret import FloatAlgebra, eval_node
+
+    nodes = program.nodes
+    anchors: list[int] = []
+    steps: set[int] = set()
+    stack = list(inputs)
+    while stack:
+        x = stack.pop()
+        if x in steps or x in anchors:
+            continue
+        if origins[x] and (nodes[x].op != "constant" or x in inputs):
+            anchors.append(x)
+            continue
+        if nodes[x].op == "input" or len(steps) >= MAX_DERIVED:
+            return None
+        steps.add(x)
+        stack.extend(nodes[x].args)
+    if not steps:
+        return list(inputs), lambda vals: list(vals)
+    anchors.sort()
+    order = sorted(steps)
+
+    def prepare(vals: Sequence[Any]) -> list[Any]:
+        env = dict(zip(anchors, vals))
+        algebra = FloatAlgebra()
+        for i in order:
+            env[i] = eval_node(algebra, nodes[i], [env[a] for a in nodes[i].args])
+        return [env[i] for i in inputs]
+
+    return anchors, prepare
 
 
 def _schedule(ops, producer, top_in, top_out, consts, replacements) -> Callable:

@@ -153,7 +153,8 @@ def test_benchmarks_regions_unchanged_by_pieces() -> None:
 
 def test_tiny_llama_runs_fused_kernels_like_jax_jit(tmp_path) -> None:
     """mirage_jax.jit (Pallas interpret) on the tiny flax nnx Llama block: at least three fused
-    kernels, and values, jax.grad and jax.vmap as jax.jit's."""
+    kernels, the attention one of them (its mask's fill is a value the capture made, derived
+    from the jaxpr's own values at the call), and values, jax.grad and jax.vmap as jax.jit's."""
     import mirage_jax
 
     m = M.get("llama_decode_nnx", batch=1, size="tiny")
@@ -162,6 +163,10 @@ def test_tiny_llama_runs_fused_kernels_like_jax_jit(tmp_path) -> None:
     got = f(*case.args)
     kernels = [d for d in f.last.decisions if d.status == "kernel"]
     assert len(kernels) >= 3, [(d.index, d.status, d.reason[:80]) for d in f.last.decisions]
+    part = lax_ir.partition(lax_ir.capture(m.fn, *case.args))
+    (exp,) = [i for i, n in part.program.ops() if n.op == "exp"]
+    attention = part.region_of(exp).index
+    assert any(d.index == attention for d in kernels), "the attention runs as a fused kernel"
     want = jax.jit(m.fn)(*case.args)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
