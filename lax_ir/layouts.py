@@ -10,7 +10,8 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   the layout op applied after the call;
 - **operand order**: `A @ B`, with A read from an input and B a computed value laid out as
   `swap(P)` (its last two axes exchanged, e.g. the einsum form `Vᵀ Pᵀ` of attention's PV),
-  becomes `swap(P @ swap(A))`: the computed operand comes first, the swaps go to the edges;
+  becomes `swap(P @ swap(A))` when it is an output: the computed operand comes first, the
+  swaps go to the edges;
 - **scale**: `(A @ B) * c`, c a scalar constant and A an input (attention's 1/sqrt(d) on Q), is
   `(c A) @ B` with the scaling done before the call (exact for a power of two; otherwise one
   rounding, inside any float tolerance), which saves the kernel one op;
@@ -225,6 +226,8 @@ def _operand_rule(g: _Graph) -> bool:
             an.op in ("reshape", "transpose") and g.nodes[an.args[0]].op == "input"
         )
         if not from_input or bn.op not in ("reshape", "transpose"):
+            continue
+        if j not in g.outputs or g.users(j):  # the swap back must leave through the interface
             continue
         p = bn.args[0]
         pn = g.nodes[p]
