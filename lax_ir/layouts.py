@@ -139,6 +139,16 @@ class _Graph:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
+    def new_input(self, like: Node, source: int, step: tuple[str, Any]) -> int:
+        """A new input shaped as `like`: region input `source`'s value with `step` applied."""
+        new = self.add(
+            Node("input", (), like.shape, like.dtype, make_params(index=len(self.inputs)))
+        )
+        self.inputs.append(new)
+        pos, ops = self.in_ops[source]
+        self.in_ops[new] = (pos, (*ops, step))
+        return new
+
     def replace(self, old: int, new: int) -> None:
         for j, n in enumerate(self.nodes):
             if old in n.args and j != new:
@@ -148,13 +158,7 @@ class _Graph:
 
     def build(self) -> Program:
         """The Program (topologically re-sorted, dead inputs dropped) with its interface."""
-        live = set(self.outputs)
-        stack = list(self.outputs)
-        while stack:
-            for a in self.nodes[stack.pop()].args:
-                if a not in live:
-                    live.add(a)
-                    stack.append(a)
+        live = set(self.live())
         inputs = [i for i in self.inputs if i in live]
         order: list[int] = []
         placed: set[int] = set()
@@ -195,11 +199,7 @@ def _input_rule(g: _Graph) -> bool:
             x = n.args[0]
             if x not in g.inputs or j in g.inputs:
                 continue
-            new = g.add(Node("input", (), n.shape, n.dtype, make_params(index=len(g.inputs))))
-            g.inputs.append(new)
-            pos, ops = g.in_ops[x]
-            g.in_ops[new] = (pos, (*ops, _step(n)))
-            g.replace(j, new)
+            g.replace(j, g.new_input(n, x, _step(n)))
             return True
     return False
 
@@ -305,11 +305,8 @@ def _scale_rule(g: _Graph) -> bool:
         a = mn.args[0]
         if a not in g.inputs:
             continue
-        an = g.nodes[a]
-        new = g.add(Node("input", (), an.shape, an.dtype, make_params(index=len(g.inputs))))
-        g.inputs.append(new)
-        pos, ops = g.in_ops[a]
-        g.in_ops[new] = (pos, (*ops, ("scale", float(np.asarray(cn.param("value").array)))))
+        scale = ("scale", float(np.asarray(cn.param("value").array)))
+        new = g.new_input(g.nodes[a], a, scale)
         prod = g.add(Node("matmul", (new, mn.args[1]), mn.shape, mn.dtype, mn.params))
         g.replace(j, prod)
         return True

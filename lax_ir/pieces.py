@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 
 from scipy.cluster.hierarchy import DisjointSet
 
-from lax_ir.ops import ELEMENTWISE
+from lax_ir.ops import ELEMENTWISE, SHAPE_OPS
 from lax_ir.program import Program
 
 LAYOUT = ("reshape", "transpose", "broadcast_in_dim")
@@ -61,7 +61,7 @@ def constant_like(program: Program) -> set[int]:
     out: set[int] = set()
     for i, n in enumerate(program.nodes):
         if n.op == "constant" or (
-            n.op in (*LAYOUT, "convert")
+            n.op in SHAPE_OPS
             and n.args
             and all(a in out for a in n.args)
             and i not in program.outputs
@@ -142,7 +142,7 @@ def _reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
 def _activation(program: Program, m: int) -> int:
     """The first operand of matmul m, seen through layout ops and converts."""
     a = program.nodes[m].args[0]
-    while program.nodes[a].op in (*LAYOUT, "convert"):
+    while program.nodes[a].op in SHAPE_OPS:
         a = program.nodes[a].args[0]
     return a
 
@@ -161,7 +161,7 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
             siblings.setdefault(_activation(program, m), []).append(m)
             continue
         for a in nodes[m].args:  # QKᵀ reads Q and K as computed (rotary embeddings: XLA)
-            while nodes[a].op in (*LAYOUT, "convert") and a in kept:
+            while nodes[a].op in SHAPE_OPS and a in kept:
                 a = nodes[a].args[0]
             if a in kept:
                 cuts.add(a)
