@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lax_ir.layouts import compose
 from lax_ir.ops import ELEMENTWISE, broadcast_shapes, matmul_shape
 from lax_ir.program import Const, Node, Program, make_params
 
@@ -40,6 +41,16 @@ def _target(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _is_bitcast(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
     return [d for d in src if d > 1] == [d for d in dst if d > 1]
+
+
+def _moves_units(src: Node, n: Node) -> bool:
+    """Is transpose n of src a bitcast: only unit axes move, the others keep their order?
+
+    Equal shapes are not enough: a transpose that swaps two axes of equal size (the (T, T)
+    scores of a prefill) has the shape of a bitcast and is not one.
+    """
+    kept = [p for p in n.param("permutation") if src.shape[p] > 1]
+    return kept == sorted(kept)
 
 
 def _invertible(c: Node) -> bool:
@@ -120,9 +131,7 @@ def _rewrite(program: Program) -> Program:
             shape = tuple(d for k, d in enumerate(shapes[0]) if k not in axes)
             params = tuple((k, axes if k == "axes" else v) for k, v in n.params)
             value[i] = add(Node(n.op, args, shape, n.dtype, params))
-        elif n.op == "reshape" or (
-            n.op == "transpose" and _is_bitcast(old[n.args[0]].shape, n.shape)
-        ):
+        elif n.op == "reshape" or (n.op == "transpose" and _moves_units(old[n.args[0]], n)):
             if not _is_bitcast(old[n.args[0]].shape, n.shape):
                 raise _Unsupported(n.op)
             value[i] = reshape(args[0], t)
@@ -168,5 +177,6 @@ def _rewrite(program: Program) -> Program:
             for o in program.outputs
         ),
     }
+    interface = compose(program.meta.get("interface"), interface)
     meta = {"name": program.meta.get("name", "region"), "interface": interface}
     return Program.build(new, inputs, outputs, meta)

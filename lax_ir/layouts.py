@@ -47,6 +47,19 @@ def identity_interface(program: Program) -> dict[str, Any]:
     }
 
 
+def compose(first: dict[str, Any] | None, then: dict[str, Any]) -> dict[str, Any]:
+    """The interface of a rewrite (`then`) of a Program whose own interface is `first`."""
+    if first is None:
+        return then
+    return {
+        "inputs": tuple(
+            (first["inputs"][pos][0], (*first["inputs"][pos][1], *ops))
+            for pos, ops in then["inputs"]
+        ),
+        "outputs": tuple((*o2, *o1) for o2, o1 in zip(then["outputs"], first["outputs"])),
+    }
+
+
 def apply_ops(x: Any, ops: Ops) -> Any:
     """Apply interface steps to an array (numpy or jax)."""
     for op, arg in ops:

@@ -387,7 +387,12 @@ def _subprogram(
         remap[i] = len(new)
         new.append(Node(nd.op, tuple(remap[a] for a in nd.args), nd.shape, nd.dtype, nd.params))
     sub = Program.build(new, [remap[a] for a in ins], [remap[o] for o in outs], {"name": name})
-    return hoist_layouts(squeeze_leading(sub)) if squeeze else sub
+    for _ in range(3 if squeeze else 0):  # hoisting can make squeezing possible, and back
+        nxt = hoist_layouts(squeeze_leading(sub))
+        if nxt is sub:
+            break
+        sub = nxt
+    return sub
 
 
 # ---------------------------------------------------------------------- rebuild

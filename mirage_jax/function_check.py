@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 from jax.extend import core as jex_core
 
 FUNCTION_CHECK = "function_check"
@@ -32,9 +33,12 @@ class FunctionCheck:
     xla_us: float | None
     method: str
     source: str = "measured"  # or "cache"
+    mismatch: str | None = None  # the assembled function's values differ from jax.jit's
 
     @property
     def reason(self) -> str:
+        if self.mismatch is not None:
+            return f"whole function: values differ from jax.jit ({self.mismatch}): runs as XLA"
         if self.kernels_us is None or self.xla_us is None:
             return f"whole function: {self.choice} ({self.method})"
         verdict = "faster" if self.choice == "kernels" else "not faster"
@@ -49,11 +53,14 @@ class FunctionCheck:
             "kernels_us": self.kernels_us,
             "xla_us": self.xla_us,
             "method": self.method,
+            "mismatch": self.mismatch,
         }
 
     @staticmethod
     def from_timings(t: dict[str, Any]) -> FunctionCheck:
-        return FunctionCheck(t["choice"], t["kernels_us"], t["xla_us"], t["method"], "cache")
+        return FunctionCheck(
+            t["choice"], t["kernels_us"], t["xla_us"], t["method"], "cache", t.get("mismatch")
+        )
 
 
 def kernels_key(cache_keys: Sequence[str]) -> str:
@@ -64,8 +71,9 @@ def kernels_key(cache_keys: Sequence[str]) -> str:
 def measure(
     program: Any, assembled: Callable[[Sequence[Any]], list[Any]], seed: int = 0, calls: int = 30
 ) -> FunctionCheck:
-    """Time `assembled` (flat inputs, as `assemble` returns) and the captured function itself
-    under `jax.jit` on the same random inputs; call it eagerly (not inside a trace)."""
+    """Compare and time `assembled` (flat inputs, as `assemble` returns) and the captured
+    function itself under `jax.jit` on the same random inputs; call it eagerly (not inside a
+    trace). Values that differ (`mismatch`) make the choice "xla" whatever the times."""
     from mirage_jax.profile import time_trace
     from mirage_jax.select import random_inputs
 
@@ -75,7 +83,38 @@ def measure(
     def inputs(s: int) -> list[Any]:
         return random_inputs(program, seed + s)
 
+    xs = inputs(0)
+    mismatch = compare(with_kernels(*xs), original(*xs))
     xla = time_trace(original, inputs, calls=calls)
     mine = time_trace(with_kernels, inputs, calls=calls)
-    choice = "kernels" if mine.median_us < xla.median_us else "xla"
-    return FunctionCheck(choice, mine.median_us, xla.median_us, "mirage_jax.profile.time_trace")
+    choice = "kernels" if mine.median_us < xla.median_us and mismatch is None else "xla"
+    return FunctionCheck(
+        choice, mine.median_us, xla.median_us, "mirage_jax.profile.time_trace", "measured", mismatch
+    )
+
+
+def compare(got: Any, want: Any) -> str | None:
+    """None if `got` matches `want` leaf by leaf (same non-finite places, finite values within
+    a tolerance scaled by the output's magnitude: 2e-2 for 16-bit floats, 2e-3 otherwise, wide
+    enough for a kernel's summation order); else what differs."""
+    got_l, want_l = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    if len(got_l) != len(want_l):
+        return f"{len(got_l)} outputs, jax.jit has {len(want_l)}"
+    for k, (g, w) in enumerate(zip(got_l, want_l)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape:
+            return f"output {k}: shape {g.shape}, jax.jit's {w.shape}"
+        if w.dtype.kind not in "fc":
+            if not np.array_equal(g, w):
+                return f"output {k}: {int(np.sum(g != w))} of {w.size} values differ"
+            continue
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        fin = np.isfinite(w64)
+        if not np.array_equal(fin, np.isfinite(g64)):
+            return f"output {k}: non-finite values in other places"
+        scale = float(np.max(np.abs(w64[fin]), initial=0.0)) + 1e-6
+        tol = 2e-2 if w.dtype.itemsize <= 2 else 2e-3
+        err = float(np.max(np.abs(g64[fin] - w64[fin]), initial=0.0))
+        if err > tol * scale:
+            return f"output {k}: max error {err:.3g} against a tolerance of {tol * scale:.3g}"
+    return None

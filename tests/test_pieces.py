@@ -66,6 +66,20 @@ def test_mlp_activation_with_its_projections() -> None:
     assert len(mm) == 2, "gate and up projections with the SiLU"
 
 
+def test_squeeze_keeps_a_square_transpose() -> None:
+    """A transpose that swaps two axes of equal size has a bitcast's shape and is not one."""
+
+    def f(p, v):
+        return jnp.swapaxes(p, -1, -2) @ v
+
+    program = lax_ir.capture(f, S((1, 4, 8, 8), F32), S((1, 4, 8, 3), F32))
+    p = jax.random.normal(jax.random.key(0), (1, 4, 8, 8))
+    v = jax.random.normal(jax.random.key(1), (1, 4, 8, 3))
+    sq = squeeze_leading(program)
+    (got,) = adapt(lambda *xs: evaluate(sq, *xs), sq)(p, v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(p, v)), rtol=1e-5, atol=1e-5)
+
+
 def test_squeeze_leading_keeps_meaning() -> None:
     """norm -> 2-D matmul -> residual, written at [1, 1, d] as decode code is: the squeezed
     region has no reshape left and computes the same values through `adapt`."""
@@ -100,10 +114,12 @@ def test_squeeze_leading_keeps_meaning() -> None:
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
 
 
-def test_pieces_rebuild_matches_jax() -> None:
+@pytest.mark.parametrize("name", M.names())
+def test_pieces_rebuild_matches_jax(name: str) -> None:
     """The refined partition (layout ops demoted, regions cut, programs squeezed) rebuilds to
-    the model's own values."""
-    m = M.get("llama_decode_nnx", batch=1, size="tiny")
+    the model's own values, for every model of the set (GPT-2's prefill transposes a square
+    (T, T) matrix: a transpose of equal sizes is not a bitcast)."""
+    m = M.get(name, batch=1, size="tiny")
     case = m.make(0)
     program = lax_ir.capture(m.fn, *case.args)
     got = jax.jit(lax_ir.rebuild(lax_ir.partition(program)))(*case.args)

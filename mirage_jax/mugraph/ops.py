@@ -374,7 +374,7 @@ _TABLE = [
     ),
     OpDef(
         "gelu", 1, _KB, _EW, _same, elementwise(_gelu), "0.5x·(1 − erf(−x/√2)) (erf form)",
-        search=S(sfu=2), imports=_names("kn_gelu_op", "tb_gelu_op"),
+        search=S(when("erf"), scale_result=False, sfu=2), imports=_names("kn_gelu_op", "tb_gelu_op"),
     ),
     OpDef(
         "mul_scalar", 1, _KB, _EW, _same, elementwise(_mul_scalar), "x·scalar", ("scalar",),
