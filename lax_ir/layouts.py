@@ -304,6 +304,24 @@ def _unit_rule(g: _Graph) -> bool:
     return False
 
 
+def _broadcast_rule(g: _Graph) -> bool:
+    """A broadcast that only inserts unit axes (a rank-1 gain or bias made a row) is a reshape,
+    which the input and unit rules then move to the interface."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "broadcast_in_dim":
+            continue
+        src = g.nodes[n.args[0]].shape
+        dims = tuple(n.param("broadcast_dimensions"))
+        if not src or list(dims) != sorted(dims) or _unit_positions(src, n.shape) is None:
+            continue
+        if any(n.shape[d] != s for d, s in zip(dims, src)):
+            continue
+        g.replace(j, g.add(Node("reshape", n.args, n.shape, n.dtype, make_params())))
+        return True
+    return False
+
+
 def _scale_rule(g: _Graph) -> bool:
     for j in g.live():
         n = g.nodes[j]
@@ -330,13 +348,15 @@ def hoist_layouts(program: Program) -> Program:
     """`program` with its transposes and unit-dim reshapes moved to its interface, where the
     rules above apply; unchanged if none does."""
     if "interface" not in program.meta and not any(
-        n.op in ("reshape", "transpose") for n in program.nodes
+        n.op in ("reshape", "transpose", "broadcast_in_dim") for n in program.nodes
     ):
         return program
     g = _Graph(program)
     changed = False
     for _ in range(MAX_STEPS):
-        rules = (_operand_rule, _unit_rule, _input_rule, _output_rule, _scale_rule)
+        rules = (
+            _operand_rule, _unit_rule, _input_rule, _output_rule, _scale_rule, _broadcast_rule
+        )  # fmt: skip
         if not any(rule(g) for rule in rules):
             break
         changed = True

@@ -27,7 +27,7 @@ from jax.experimental.pallas import triton as plt
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
-from mirage_jax.mugraph.ops import OPS
+from mirage_jax.mugraph.ops import GELU_CUBIC, OPS, SQRT_2_OVER_PI, SQRT_HALF
 
 F32 = jnp.float32
 BACKEND = "pallas"
@@ -156,8 +156,16 @@ for _name, _fn in {
 @registry.register(BACKEND, "gelu")
 def _gelu(ctx: OpCtx, x: jax.Array) -> jax.Array:
     x = _f32(x)
-    c = dtype_const(ctx, 1.0 / math.sqrt(2.0))
+    c = dtype_const(ctx, ctx.params.get("c", SQRT_HALF))
     return dtype_const(ctx, 0.5) * x * (1.0 - _erf(-x * c))
+
+
+@registry.register(BACKEND, "gelu_tanh")
+def _gelu_tanh(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    x = _f32(x)
+    a = dtype_const(ctx, ctx.params.get("a", GELU_CUBIC))
+    c = dtype_const(ctx, ctx.params.get("c", SQRT_2_OVER_PI))
+    return x * (dtype_const(ctx, 0.5) * (1.0 + jnp.tanh(c * (x + a * (x * x * x)))))
 
 
 for _name, _fn in {

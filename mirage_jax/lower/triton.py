@@ -26,7 +26,7 @@ import numpy as np
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
-from mirage_jax.mugraph.ops import OPS
+from mirage_jax.mugraph.ops import GELU_CUBIC, OPS, SQRT_2_OVER_PI, SQRT_HALF
 
 BACKEND = "triton"
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
@@ -136,9 +136,21 @@ registry.add(
     "gelu",
     lambda c, x: (
         f"{dtype_const(c, 0.5)} * {c.f32(x, 0)} * "
-        f"(1.0 - tl.math.erf(-{c.f32(x, 0)} * {dtype_const(c, 0.7071067811865476)}))"
+        f"(1.0 - tl.math.erf(-{c.f32(x, 0)} * "
+        f"{dtype_const(c, c.params.get('c', SQRT_HALF))}))"
     ),
 )
+
+
+def _gelu_tanh(c: OpCtx, x: str) -> str:
+    v = f"({c.f32(x, 0)})"
+    a = dtype_const(c, c.params.get("a", GELU_CUBIC))
+    inner = f"{dtype_const(c, c.params.get('c', SQRT_2_OVER_PI))} * ({v} + {a} * ({v} * {v} * {v}))"
+    tanh = f"(2.0 * tl.sigmoid(2.0 * ({inner})) - 1.0)"
+    return f"{v} * ({dtype_const(c, 0.5)} * (1.0 + {tanh}))"
+
+
+registry.add(BACKEND, "gelu_tanh", _gelu_tanh)
 registry.add(
     BACKEND, "mul_scalar", lambda c, x: f"{c.f32(x, 0)} * {dtype_const(c, c.params['scalar'])}"
 )

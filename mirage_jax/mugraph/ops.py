@@ -15,8 +15,11 @@ rounds its result to the tensor's dtype. In the field `convert` is the identity.
 
 Mirage-specific meanings (chosen to equal how the benchmark functions capture, op for op):
 - silu(x) = x · logistic(x) (jax.nn.silu); sigmoid = logistic;
-- gelu(x) = (0.5·x) · (1 − erf(−x · c)), c = 1/√2 rounded to the tensor's dtype, which is how
-  `jax.nn.gelu(x, approximate=False)` captures (erfc(y) normalised into 1 − erf(y));
+- gelu(x) = (0.5·x) · (1 − erf(−x · c)), which is how `jax.nn.gelu(x, approximate=False)`
+  captures (erfc(y) normalised into 1 − erf(y)); c is 1/√2 as the region has it (rounded to
+  its dtype by jax), a param, so the terms match whatever the dtype (default: 1/√2);
+- gelu_tanh(x) = x · (0.5 · (1 + tanh(c · (x + a · x·x·x)))), how `jax.nn.gelu(x)` captures,
+  with c = √(2/π) and a = 0.044715 params as the region has them;
 - rms_norm(x) = x / sqrt(sum(x·x, last) / n) with NO eps (the original's); an optional `eps`
   param (rms_norm, accum_rms_last) adds it under the sqrt: our benchmarks' rms_norm has one,
   and `add_scalar` (x + scalar) spells it where the mean is separate;
@@ -95,11 +98,43 @@ def _broadcast_to(ctx, x, shape, target):
     return ctx.alg.broadcast_in_dim(x, tuple(target), tuple(range(len(target))))
 
 
+SQRT_HALF = 0.7071067811865476
+SQRT_2_OVER_PI = 0.7978845608028654
+GELU_CUBIC = 0.044715
+
+
 def _gelu(ctx: Ctx, x: Any) -> Any:
     alg = ctx.alg
     half_x = alg.mul(const32(ctx, 0.5), x)
-    y = alg.mul(alg.neg(x), const32(ctx, 1.0 / np.sqrt(2.0)))
+    y = alg.mul(alg.neg(x), const32(ctx, ctx.params.get("c", SQRT_HALF)))
     return alg.mul(half_x, alg.sub(const32(ctx, 1.0), alg.unary("erf", y)))
+
+
+def _gelu_tanh(ctx: Ctx, x: Any) -> Any:
+    alg = ctx.alg
+    cube = alg.mul(alg.mul(x, x), x)
+    inner = alg.add(x, alg.mul(const32(ctx, ctx.params.get("a", GELU_CUBIC)), cube))
+    t = alg.unary("tanh", alg.mul(const32(ctx, ctx.params.get("c", SQRT_2_OVER_PI)), inner))
+    return alg.mul(x, alg.mul(const32(ctx, 0.5), alg.add(const32(ctx, 1.0), t)))
+
+
+def _near(values: tuple[float, ...], target: float, tol: float = 2e-3) -> list[float]:
+    """The region's scalars that are `target` rounded to some float dtype (as captured)."""
+    return [v for v in values if abs(v - target) <= tol * abs(target)]
+
+
+def _gelu_offer(f: Facts) -> list[tuple]:
+    return [(("c", c),) for c in _near(f.mul_scalars, SQRT_HALF)] if f.has("erf") else []
+
+
+def _gelu_tanh_offer(f: Facts) -> list[tuple]:
+    if not f.has("tanh", "integer_pow"):
+        return []
+    return [
+        (("a", a), ("c", c))
+        for a in _near(f.mul_scalars, GELU_CUBIC)
+        for c in _near(f.mul_scalars, SQRT_2_OVER_PI)
+    ]
 
 
 def _mul_scalar(ctx: Ctx, x: Any) -> Any:
@@ -373,8 +408,16 @@ _TABLE = [
         search=S(when("tanh"), scale_result=False, sfu=2),
     ),
     OpDef(
-        "gelu", 1, _KB, _EW, _same, elementwise(_gelu), "0.5x·(1 − erf(−x/√2)) (erf form)",
-        search=S(when("erf"), scale_result=False, sfu=2), imports=_names("kn_gelu_op", "tb_gelu_op"),
+        "gelu", 1, _KB, _EW, _same, elementwise(_gelu),
+        "0.5x·(1 − erf(−x·c)), c = 1/√2 as the region has it (erf form; optional param c)",
+        search=S(_gelu_offer, scale_result=False, sfu=2),
+        imports=_names("kn_gelu_op", "tb_gelu_op"),
+    ),
+    OpDef(
+        "gelu_tanh", 1, _KB, _EW, _same, elementwise(_gelu_tanh),
+        "x·0.5·(1 + tanh(c·(x + a·x³))), c = √(2/π), a = 0.044715 as the region has them "
+        "(optional params a, c)",
+        search=S(_gelu_tanh_offer, scale_result=False, sfu=2),
     ),
     OpDef(
         "mul_scalar", 1, _KB, _EW, _same, elementwise(_mul_scalar), "x·scalar", ("scalar",),
