@@ -117,7 +117,7 @@ def matmul_graph(dtype="float16"):
 
 def padded_graph(dtype="float16"):
     """Non-power-of-two tiles (6 rows -> 16 for tl.dot, 24 cols -> 32), F = 3 (not a power of
-    two), masked reductions and rms_norm over a padded dim in the epilogue."""
+    two), masked reductions, rms_norm and layer_norm over a padded dim in the epilogue."""
     b = BlockGraphBuilder(grid=(2,), forloop_range=3)
     x = b.input((6, 96), dtype, imap=(None,), forloop_dim=1)  # (6, 32)
     w = b.input((96, 48), dtype, imap=(1,), forloop_dim=0)  # (32, 24)
@@ -126,7 +126,7 @@ def padded_graph(dtype="float16"):
     y = b.op("div", acc, rms)
     rowsum = b.op("reduce_sum", y, dim=1)  # (6, 1): across padded cols
     rowmax = b.op("reduce_max", y, dim=1)
-    normed = b.op("rms_norm", y, eps=1e-5)
+    normed = b.op("add", b.op("rms_norm", y, eps=1e-5), b.op("layer_norm", y, eps=1e-5))
     b.output(y, (1,))
     b.output(b.op("add", normed, b.op("sub", rowsum, rowmax)), (1,))
     mb = MuGraphBuilder()

@@ -235,6 +235,15 @@ def _rms_norm(ctx: OpCtx, x: jax.Array) -> jax.Array:
     return x / jnp.sqrt(ss / np.float32(ctx.arg_tile(0)[-1]) + ctx.eps)
 
 
+@registry.register(BACKEND, "layer_norm")
+def _layer_norm(ctx: OpCtx, x: jax.Array) -> jax.Array:
+    x = _f32(x)
+    n = np.float32(ctx.arg_tile(0)[-1])
+    c = x - jnp.sum(ctx.masked(x, 0, (-1,), 0), axis=-1, keepdims=True) / n
+    ss = jnp.sum(ctx.masked(c * c, 0, (-1,), 0), axis=-1, keepdims=True)
+    return c / jnp.sqrt(ss / n + ctx.eps)
+
+
 @registry.register(BACKEND, "concat")
 def _concat(ctx: OpCtx, a: jax.Array, b: jax.Array) -> jax.Array:
     # Triton cannot concatenate register tiles; stack on a new last axis (tl.join), move it in

@@ -207,6 +207,17 @@ def _rms_norm(c: OpCtx, x: str) -> str:
     return f"{x32} / tl.sqrt({ss} / {float(c.arg_tile(0)[-1])!r} + {c.eps})"
 
 
+@registry.register(BACKEND, "layer_norm")
+def _layer_norm(c: OpCtx, x: str) -> str:
+    x32 = c.f32(x, 0)
+    last = len(c.pad) - 1
+    n = float(c.arg_tile(0)[-1])
+    mean = f"tl.sum({c.masked(x32, 0, (-1,), '0.0')}, axis={last}, keep_dims=True) / {n!r}"
+    cen = f"({x32} - {mean})"
+    ss = f"tl.sum({c.masked(f'{cen} * {cen}', 0, (-1,), '0.0')}, axis={last}, keep_dims=True)"
+    return f"{cen} / tl.sqrt({ss} / {n!r} + {c.eps})"
+
+
 @registry.register(BACKEND, "concat")
 def _concat(c: OpCtx, a: str, b: str) -> str:
     rank = len(c.pad)

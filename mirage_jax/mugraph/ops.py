@@ -23,6 +23,8 @@ Mirage-specific meanings (chosen to equal how the benchmark functions capture, o
 - rms_norm(x) = x / sqrt(sum(x·x, last) / n) with NO eps (the original's); an optional `eps`
   param (rms_norm, accum_rms_last) adds it under the sqrt: our benchmarks' rms_norm has one,
   and `add_scalar` (x + scalar) spells it where the mean is separate;
+- layer_norm(x) = c / sqrt(sum(c·c, last) / n + eps?), c = x − sum(x, last) / n: LayerNorm's
+  centring and scaling (gain and bias are separate mul/add ops);
 - counts n are exact fp32 constants, so a mean is sum / n.
 - reduce_max and accum_max exist only as stabilising shifts (Algebra.shift_max): the float
   meaning is the max, the field meaning a fresh random value, so only shift-invariant graphs
@@ -40,8 +42,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from mirage_jax.mugraph.opdef import ACC_DTYPE as ACC_DTYPE
 from mirage_jax.mugraph.opdef import Ctx as Ctx
@@ -211,6 +211,15 @@ def _rms_norm(ctx, a):
     return _from_acc(ctx, alg.div(x, rms))
 
 
+def _layer_norm(ctx, a):
+    alg, shape = ctx.alg, ctx.arg_shapes[0]
+    x = _to_acc(ctx, a[0])
+    n = ctx.const(shape[-1], ACC_DTYPE)
+    c = alg.sub(x, alg.div(_sum_keep(ctx, x, (len(shape) - 1,), shape), n))
+    ss = _sum_keep(ctx, alg.mul(c, c), (len(shape) - 1,), shape)
+    return _from_acc(ctx, alg.div(c, alg.unary("sqrt", _plus_eps(ctx, alg.div(ss, n)))))
+
+
 def _batch_target(ctx, shapes):
     """Common shape of concat operands: broadcast batch dims, keep each tile."""
     nb = ctx.nb
@@ -318,6 +327,10 @@ def _add_scalars(f: Facts) -> list[tuple]:
 
 def _norm_offer(f: Facts) -> list[tuple]:
     return eps_params(f) if f.has("sqrt", "square", "reduce_sum") else []
+
+
+def _layer_norm_offer(f: Facts) -> list[tuple]:
+    return eps_params(f) if f.has("sqrt", "square", "reduce_sum", "sub") else []
 
 
 def _sum_last_offer(f: Facts) -> list[tuple]:
@@ -441,6 +454,11 @@ _TABLE = [
         "rms_norm", 1, _KB, "norm", _same, _rms_norm, "x / sqrt(mean(x², last) + eps?)",
         search=S(_norm_offer, scale_result=False),
         imports=_names("kn_rms_norm_op", "tb_rms_norm_op"),
+    ),
+    OpDef(
+        "layer_norm", 1, _KB, "norm", _same, _layer_norm,
+        "c / sqrt(mean(c², last) + eps?), c = x − mean(x, last) (LayerNorm without gain, bias)",
+        search=S(_layer_norm_offer, scale_result=False),
     ),
     OpDef(
         "concat", None, _KB, "concat", _concat_shape, _concat, "concatenate along dim", ("dim",),

@@ -447,11 +447,11 @@ class BlockEnumerator:
             return "partial"
         t = x.term
         term = E.elementwise(name, t, params)
-        if term is None and name == "rms_norm":
+        if term is None and name in E.NORMS:
             lab = x.labels[-1]
             if x.partial or lab is None or lab in self.pclasses or is_stack(lab):
                 return "partial"
-            term = E.div(t, E.rms(lab, t, params.get("eps")))
+            term = E.norm(name, lab, t, params.get("eps"))
         elif term is None and name in ("reduce_sum", "reduce_max"):
             d = params["dim"]
             lab = x.labels[d]

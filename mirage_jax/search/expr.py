@@ -131,6 +131,15 @@ def rms(k: int, a: Term, eps: float | None) -> Term:
     return fn("sqrt", add(m, const(eps)) if eps else m)
 
 
+def norm(name: str, k: int, a: Term, eps: float | None) -> Term:
+    """The term of norm op `name` ("rms_norm" or "layer_norm") of `a` over dimension k."""
+    if name == "layer_norm":
+        a = sub(a, mean(k, a))
+    return div(a, rms(k, a, eps))
+
+
+NORMS = ("rms_norm", "layer_norm")
+
 _SHOW: dict[Term, str] = {}
 
 

@@ -192,11 +192,11 @@ class KernelEnumerator:
             d = params["dim"]
             term = E.red(labels[d], t)
             labels = (*labels[:d], None, *labels[d + 1 :])
-        elif term is None and name == "rms_norm":
+        elif term is None and name in E.NORMS:
             lab = labels[-1] if labels else None
             if lab is None:
                 return "labels"
-            term = E.div(t, E.rms(lab, t, params.get("eps")))
+            term = E.norm(name, lab, t, params.get("eps"))
         elif term is None:
             return "vocabulary"
         return KTensor(ref, term, labels, "")
