@@ -32,11 +32,23 @@ class _Unsupported(Exception):
     pass
 
 
+def _kept(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The axes of `shape` the canonical form keeps: every unit axis before the last two goes
+    (front first) while the rank stays at least 2."""
+    drop = [p for p in range(len(shape) - 2) if shape[p] == 1]
+    drop = drop[: max(0, len(shape) - 2)]
+    return tuple(p for p in range(len(shape)) if p not in drop)
+
+
 def _target(shape: tuple[int, ...]) -> tuple[int, ...]:
-    shape = tuple(shape)
-    while len(shape) > 2 and shape[0] == 1:
-        shape = shape[1:]
-    return shape
+    return tuple(shape[p] for p in _kept(tuple(shape)))
+
+
+def _aligned(arg_kept: tuple[int, ...], offset: int, out_kept: tuple[int, ...]) -> bool:
+    """Do an operand's kept axes (right-aligned into the output by `offset`) stay aligned with
+    the output's kept axes, so numpy broadcasting means the same after squeezing?"""
+    moved = [k + offset for k in arg_kept]
+    return len(moved) <= len(out_kept) and moved == list(out_kept[len(out_kept) - len(moved) :])
 
 
 def _is_bitcast(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
@@ -61,7 +73,7 @@ def _invertible(c: Node) -> bool:
 
 def squeeze_leading(program: Program) -> Program:
     """`program` with leading unit dimensions dropped inside (same interface); see module doc."""
-    if all(len(n.shape) <= 2 or n.shape[0] != 1 for n in program.nodes):
+    if all(_target(n.shape) == tuple(n.shape) for n in program.nodes):
         return program
     try:
         return _rewrite(program)
@@ -90,12 +102,17 @@ def _rewrite(program: Program) -> Program:
         return add(Node("reshape", (i,), tuple(shape), n.dtype, make_params()))
 
     inputs = []
+    keep: dict[int, tuple[int, ...]] = {}  # old node -> its axes the canonical form keeps
     for i, n in enumerate(old):
         args = tuple(value[a] for a in n.args)
         shapes = [new[a].shape for a in args]
-        dropped = [len(old[a].shape) - len(new[value[a]].shape) for a in n.args]
-        t = _target(n.shape)
-        d_out = len(n.shape) - len(t)
+        kin = [keep[a] for a in n.args]
+        kout = _kept(n.shape)
+        if n.op in ("reduce_sum", "reduce_max"):  # the operand's kept axes, less the reduced
+            red = tuple(n.param("axes"))
+            kout = tuple(a - sum(r < a for r in red) for a in kin[0] if a not in red)
+        keep[i] = kout
+        t = tuple(n.shape[p] for p in kout)
         if n.op == "input":
             j = add(Node(n.op, (), t, n.dtype, n.params))
             inputs.append(j)
@@ -111,7 +128,12 @@ def _rewrite(program: Program) -> Program:
             if not np.any(np.asarray(c.array)):
                 zero.add(value[i])
         elif n.op in ELEMENTWISE:
+            for a, k in zip(n.args, kin):
+                if old[a].shape and not _aligned(k, len(n.shape) - len(old[a].shape), kout):
+                    raise _Unsupported(n.op)
             shape = broadcast_shapes(*shapes)
+            if shape != t:
+                raise _Unsupported(n.op)
             if n.op in ("add", "sub") and args[-1] in zero and shapes[0] == shape:
                 value[i] = args[0]
             elif n.op == "add" and args[0] in zero and shapes[-1] == shape:
@@ -125,28 +147,28 @@ def _rewrite(program: Program) -> Program:
             else:
                 value[i] = add(Node(n.op, args, shape, n.dtype, n.params))
         elif n.op in ("reduce_sum", "reduce_max"):
-            axes = tuple(a - dropped[0] for a in n.param("axes"))
-            if any(a < 0 for a in axes):
+            if any(a not in kin[0] for a in red) or len(kout) < 1:
                 raise _Unsupported(n.op)
-            shape = tuple(d for k, d in enumerate(shapes[0]) if k not in axes)
+            axes = tuple(kin[0].index(a) for a in red)
             params = tuple((k, axes if k == "axes" else v) for k, v in n.params)
-            value[i] = add(Node(n.op, args, shape, n.dtype, params))
+            value[i] = add(Node(n.op, args, t, n.dtype, params))
         elif n.op == "reshape" or (n.op == "transpose" and _moves_units(old[n.args[0]], n)):
             if not _is_bitcast(old[n.args[0]].shape, n.shape):
                 raise _Unsupported(n.op)
             value[i] = reshape(args[0], t)
         elif n.op == "transpose":
             perm = tuple(n.param("permutation"))
-            k = dropped[0]
-            if k != d_out or perm[:k] != tuple(range(k)):
+            src = [perm[q] for q in kout]
+            if sorted(src) != sorted(kin[0]):
                 raise _Unsupported(n.op)
-            params = make_params(permutation=tuple(p - k for p in perm[k:]))
+            params = make_params(permutation=tuple(kin[0].index(p) for p in src))
             value[i] = add(Node(n.op, args, t, n.dtype, params))
         elif n.op == "broadcast_in_dim":
             dims = tuple(n.param("broadcast_dimensions"))
-            k = dropped[0]
-            new_dims = tuple(d - d_out for d in dims[k:])
-            if any(d < 0 for d in new_dims):
+            if any(dims[k] not in kout for k in kin[0]):
+                raise _Unsupported(n.op)
+            new_dims = tuple(kout.index(dims[k]) for k in kin[0])
+            if list(new_dims) != sorted(new_dims):
                 raise _Unsupported(n.op)
             params = tuple(
                 (name, new_dims if name == "broadcast_dimensions" else v) for name, v in n.params
@@ -155,25 +177,32 @@ def _rewrite(program: Program) -> Program:
                 params = tuple((name, t if name == "shape" else v) for name, v in params)
             value[i] = add(Node(n.op, args, t, n.dtype, params))
         elif n.op == "matmul":
-            value[i] = add(Node(n.op, args, matmul_shape(*shapes), n.dtype, n.params))
-        elif n.op == "concatenate":
-            k = d_out
-            if any(x != k for x in dropped) or n.param("axis") < k:
+            for a, k in zip(n.args, kin):
+                lead = len(n.shape) - len(old[a].shape)
+                if not _aligned(k[:-2], lead, kout[:-2]):
+                    raise _Unsupported(n.op)
+            shape = matmul_shape(*shapes)
+            if shape != t:
                 raise _Unsupported(n.op)
-            params = tuple((name, v - k if name == "axis" else v) for name, v in n.params)
+            value[i] = add(Node(n.op, args, shape, n.dtype, n.params))
+        elif n.op == "concatenate":
+            axis = n.param("axis")
+            if any(k != kout for k in kin) or axis not in kout:
+                raise _Unsupported(n.op)
+            params = tuple((k, kout.index(axis) if k == "axis" else v) for k, v in n.params)
             value[i] = add(Node(n.op, args, t, n.dtype, params))
         else:
             raise _Unsupported(n.op)
         if n.op in ("reshape", "transpose", "broadcast_in_dim") and args[0] in zero:
             zero.add(value[i])
-    outputs = [reshape(value[o], _target(old[o].shape)) for o in program.outputs]
+    outputs = [value[o] for o in program.outputs]
     interface = {
         "inputs": tuple(
             (k, () if new[j].shape == old[i].shape else (("reshape", new[j].shape),))
             for k, (i, j) in enumerate(zip(program.inputs, inputs))
         ),
         "outputs": tuple(
-            () if _target(old[o].shape) == old[o].shape else (("reshape", old[o].shape),)
+            () if new[value[o]].shape == old[o].shape else (("reshape", old[o].shape),)
             for o in program.outputs
         ),
     }

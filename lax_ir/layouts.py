@@ -282,6 +282,18 @@ def _unit_rule(g: _Graph) -> bool:
             continue
         pos = _unit_positions(yn.shape, n.shape)
         if pos is None:
+            if _bitcast(yn.shape, n.shape) and all(
+                not g.nodes[a].shape or (g.nodes[a].op == "input" and g.nodes[a].shape == yn.shape)
+                for a in yn.args
+            ):  # a bitcast of an elementwise value of inputs: the inputs take the layout
+                args = tuple(
+                    a
+                    if not g.nodes[a].shape
+                    else g.add(Node("reshape", (a,), n.shape, g.nodes[a].dtype, make_params()))
+                    for a in yn.args
+                )
+                g.replace(j, g.add(Node(yn.op, args, n.shape, yn.dtype, yn.params)))
+                return True
             continue
         args = []
         for a in yn.args:
@@ -300,6 +312,86 @@ def _unit_rule(g: _Graph) -> bool:
             )
         new = g.add(Node(yn.op, tuple(args), n.shape, yn.dtype, yn.params))
         g.replace(j, new)
+        return True
+    return False
+
+
+def _bitcast(src: Sequence[int], dst: Sequence[int]) -> bool:
+    """Is a reshape from src to dst a bitcast (the same non-unit sizes in the same order)?"""
+    return tuple(src) != tuple(dst) and [d for d in src if d > 1] == [d for d in dst if d > 1]
+
+
+def _collapse_rule(g: _Graph) -> bool:
+    """A reshape of a reshape is one reshape; a reshape back to its source's shape is the
+    source."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "reshape":
+            continue
+        src = g.nodes[n.args[0]]
+        if tuple(src.shape) == tuple(n.shape):
+            g.replace(j, n.args[0])
+            return True
+        if src.op == "reshape":
+            inner = src.args[0]
+            if tuple(g.nodes[inner].shape) == tuple(n.shape):
+                g.replace(j, inner)
+            else:
+                g.replace(j, g.add(Node("reshape", (inner,), n.shape, n.dtype, n.params)))
+            return True
+    return False
+
+
+def _column_rule(g: _Graph) -> bool:
+    """`W @ v` with v a column (`[.., K, 1]`, equinox's `weight @ x`) and W an input is
+    `(vᵀ Wᵀ)ᵀ`: the transposes of the column and of the result are bitcasts, and Wᵀ is the
+    input W transposed before the call, so the matmul reads a row."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "matmul":
+            continue
+        a, b = n.args
+        an, bn = g.nodes[a], g.nodes[b]
+        if a not in g.inputs or len(bn.shape) < 2 or bn.shape[-1] != 1 or bn.shape[-2] == 1:
+            continue
+        if len(an.shape) != len(bn.shape) or an.shape[-2] == 1:
+            continue
+        rank = len(an.shape)
+        at = g.new_input(_swap_like(an), a, ("transpose", _swap_perm(rank)))
+        row = g.add(Node("reshape", (b,), _swapped(bn.shape), bn.dtype, make_params()))
+        prod = g.add(Node("matmul", (row, at), _swapped(n.shape), n.dtype, n.params))
+        g.replace(j, g.add(Node("reshape", (prod,), n.shape, n.dtype, make_params())))
+        return True
+    return False
+
+
+def _swap_like(n: Node) -> Node:
+    return Node(n.op, n.args, _swapped(n.shape), n.dtype, n.params)
+
+
+def _sink_rule(g: _Graph) -> bool:
+    """An elementwise op on bitcast reshapes of computed values of one shape (a matmul's
+    column laid out as a row) is the op on those values, reshaped after: the reshape moves
+    towards the outputs. (Reshapes of inputs move the other way, to the interface.)"""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op not in ELEMENTWISE:
+            continue
+        shaped = [a for a in n.args if g.nodes[a].shape]
+        srcs = {g.nodes[a].args[0] for a in shaped if g.nodes[a].op == "reshape"}
+        if not shaped or len(srcs) != len(set(shaped)):
+            continue
+        src_shape = {tuple(g.nodes[s].shape) for s in srcs}
+        if len(src_shape) != 1 or any(tuple(g.nodes[a].shape) != n.shape for a in shaped):
+            continue
+        (shape,) = src_shape
+        if not _bitcast(shape, n.shape) or _unit_positions(shape, n.shape) is not None:
+            continue
+        if all(g.nodes[s].op == "input" for s in srcs):
+            continue
+        args = tuple(g.nodes[a].args[0] if g.nodes[a].shape else a for a in n.args)
+        inner = g.add(Node(n.op, args, shape, n.dtype, n.params))
+        g.replace(j, g.add(Node("reshape", (inner,), n.shape, n.dtype, make_params())))
         return True
     return False
 
@@ -355,7 +447,8 @@ def hoist_layouts(program: Program) -> Program:
     changed = False
     for _ in range(MAX_STEPS):
         rules = (
-            _operand_rule, _unit_rule, _input_rule, _output_rule, _scale_rule, _broadcast_rule
+            _collapse_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule, _input_rule,
+            _output_rule, _scale_rule, _broadcast_rule,
         )  # fmt: skip
         if not any(rule(g) for rule in rules):
             break

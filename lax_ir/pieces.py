@@ -165,6 +165,13 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
                 a = nodes[a].args[0]
             if a in kept:
                 cuts.add(a)
+
+    def free(a: int) -> bool:
+        """Is a a value from outside the region, seen through layout ops (a bias row)?"""
+        while a in kept and nodes[a].op in SHAPE_OPS:
+            a = nodes[a].args[0]
+        return a not in kept or nodes[a].op == "constant"
+
     for group in sorted(siblings.values()):
         epi = set(group)
         grown = True
@@ -177,7 +184,7 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
                         continue
                     if n.op not in (*ELEMENTWISE, *LAYOUT) or n.op == "matmul":
                         continue
-                    if all(a in epi or a not in kept or a in cuts for a in n.args):
+                    if all(a in epi or a in cuts or free(a) for a in n.args):
                         epi.add(u)
                         grown = True
         ends = {x for x in epi if any(u in kept and u not in epi for u in users[x])}
