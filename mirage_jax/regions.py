@@ -146,9 +146,13 @@ def region_kernel(
     order = (decision.verification or {}).get("output_order")
     order = list(order) if order else list(range(len(program.outputs)))
 
+    out_dtypes = [d for _, d in program.output_avals]
+
     def ordered(*xs: Any) -> list[Any]:
+        # A µGraph may keep an output wider than the region's (an fp32 residual stream times
+        # fp16 weights: `validate.result_dtype`); it is rounded to the region's dtype here.
         outs = list(impl(*xs))
-        return [outs[i] for i in order]
+        return [_as(outs[i], d) for i, d in zip(order, out_dtypes)]
 
     specs = [jax.ShapeDtypeStruct(s, d) for s, d in program.input_avals]
     try:
@@ -173,6 +177,20 @@ def region_kernel(
         )
         return "lowered kernel has the wrong output shapes/dtypes"
     return adapt(with_xla_jvp(ordered, program), program)
+
+
+def _as(x: Any, dtype: Any) -> Any:
+    """x rounded to a float `dtype` narrower than its own; anything else unchanged (and then
+    caught by the shape/dtype check)."""
+    want = jax.numpy.dtype(dtype)
+    if (
+        x.dtype != want
+        and want.kind == "f"
+        and x.dtype.kind == "f"
+        and want.itemsize < x.dtype.itemsize
+    ):
+        return x.astype(want)
+    return x
 
 
 def lower_mugraph(

@@ -10,6 +10,7 @@ split, loop and accumulated tensors mixed, shape rules of each op. Resource rule
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -89,6 +90,19 @@ def _check_map(where: str, kind: str, m, grid, rank) -> None:
         seen[d] = a
 
 
+def result_dtype(dtypes: Sequence[str]) -> str:
+    """The dtype of a block op's result: its operands' one dtype, or, where they differ (an
+    fp32 residual stream normalised and multiplied by fp16 weights), the widest of them (fp32
+    for fp16 with bf16): every op computes in fp32, so nothing is rounded that the program
+    keeps."""
+    kinds = set(dtypes)
+    if len(kinds) == 1:
+        return dtypes[0]
+    sizes = {np.dtype(d).itemsize for d in kinds}
+    widest = [d for d in kinds if np.dtype(d).itemsize == max(sizes)]
+    return widest[0] if len(widest) == 1 else "float32"
+
+
 @lru_cache(maxsize=4096)
 def block_info(bg: BlockGraph) -> BlockInfo:
     """Infer tile shapes of a BlockGraph, or raise MuGraphError naming the op and rule."""
@@ -140,8 +154,6 @@ def block_info(bg: BlockGraph) -> BlockInfo:
         for p in spec.params:
             if op.param(p) is None:
                 raise MuGraphError(f"{where}: missing param {p!r}")
-        if len({dtypes[a] for a in op.args}) > 1:
-            raise MuGraphError(f"{where}: operand dtypes differ: {[dtypes[a] for a in op.args]}")
         if op.op in POST_LOOP_ARGS:  # the rescaled sums of online softmax
             shift = bg.op_of(op.args[2])
             if shift is None or shift.op != "accum_max" or shift.args != (op.args[1],):
@@ -172,7 +184,7 @@ def block_info(bg: BlockGraph) -> BlockInfo:
         tiles.append(tuple(tile))
         batch.append(bt)
         post.append(spec.kind == "accum" or post[op.args[0]])
-        dtypes.append(dtypes[op.args[0]])
+        dtypes.append(result_dtype([dtypes[a] for a in op.args]))
     out_shapes = []
     for j, o in enumerate(bg.outputs):
         where = f"block output {j}"
