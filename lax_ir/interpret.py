@@ -152,7 +152,12 @@ class FloatAlgebra:
     def reduce_max(self, a, axes):
         return self.xp.max(a, axis=tuple(axes))
 
-    shift_max = reduce_max
+    def shift_max(self, a, axes):
+        """A softmax's stabilising shift: the max, with -inf (a row block masked whole) made
+        the most negative finite value, so exp(x − shift) is 0 there and never NaN; kernels
+        shift the same way (`lower/pallas.py`, `lower/triton.py`)."""
+        m = self.reduce_max(a, axes)
+        return self.xp.maximum(m, self.xp.asarray(self.xp.finfo(m.dtype).min, dtype=m.dtype))
 
     def broadcast_in_dim(self, a, shape, broadcast_dimensions):
         if self.is_numpy:

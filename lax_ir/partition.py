@@ -334,7 +334,10 @@ def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]
                     continue
                 if nodes[a].op == "input" or cls.kinds[a] != "structural":
                     ins.append(a)
-        ins.sort()  # program inputs first, in positional order
+        # A convert of another input (a float32 copy of a float16 stream) is recomputed
+        # inside, so the region sees one value, not two unrelated inputs.
+        recomputed = {a for a in ins if nodes[a].op == "convert" and nodes[a].args[0] in ins}
+        ins = sorted(a for a in ins if a not in recomputed)  # program inputs first, in order
         outs = [i for i in members if i in outputs or any(u not in mset for u in program.users[i])]
         neighbours = sorted(
             {
@@ -345,8 +348,9 @@ def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]
             }
         )
         sub = _subprogram(
-            program, members, ins, outs, name=f"{program.meta.get('name', 'program')}.region{k}"
-        )
+            program, members, ins, outs, name=f"{program.meta.get('name', 'program')}.region{k}",
+            copies=recomputed,
+        )  # fmt: skip
         regions.append(Region(k, members, tuple(ins), tuple(outs), sub, tuple(neighbours)))
     return Partition(program, tuple(regions), residual, cls, tuple(order))
 
@@ -362,9 +366,10 @@ def _subprogram(
     outs: Sequence[int],
     name: str,
     squeeze: bool = True,
+    copies: set[int] | frozenset[int] = frozenset(),
 ) -> Program:
-    """The region as a standalone Program: external values become inputs, constants copied;
-    with `squeeze`, in the ranks the search works in (`lax_ir.canonical`)."""
+    """The region as a standalone Program: external values become inputs, constants and
+    `copies` copied; with `squeeze`, in the ranks the search works in (`lax_ir.canonical`)."""
     nodes = program.nodes
     new: list[Node] = []
     remap: dict[int, int] = {}
@@ -373,7 +378,7 @@ def _subprogram(
         new.append(Node("input", (), nodes[a].shape, nodes[a].dtype, ()))
     mset = set(members)
     const = constant_like(program)
-    copied: set[int] = set()
+    copied: set[int] = set(copies)
     stack = [a for m in members for a in nodes[m].args if a in const]
     while stack:
         a = stack.pop()

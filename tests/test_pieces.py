@@ -34,7 +34,7 @@ def _ops(part: lax_ir.Partition, op: str) -> list[int]:
     return [i for i, n in part.program.ops() if n.op == op]
 
 
-@pytest.mark.parametrize("name", ["llama_decode_nnx", "llama_decode_eqx"])
+@pytest.mark.parametrize("name", ["llama_decode_nnx", "llama_decode_eqx", "gpt2_prefill"])
 def test_decoder_block_pieces(name: str) -> None:
     """Attention core in one region; each norm with the projections after it; the MLP's
     gate/up projections with their activation in one region; no region over 3 matmuls."""
@@ -128,28 +128,36 @@ def test_pieces_rebuild_matches_jax(name: str) -> None:
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["norm_qkv", "norm_mlp", "proj_residual", "attention"])
-def test_block_pieces_get_verified_mugraphs(kind: str) -> None:
+ACTIVATIONS = ("logistic", "tanh", "erf")
+PIECES = [
+    (name, kind)
+    for name in ("llama_decode_nnx", "llama_decode_eqx", "gemma_decode", "gpt2_prefill")
+    for kind in ("norm_qkv", "norm_mlp", "proj_residual", "attention")
+    if (name, kind) != ("gemma_decode", "attention")  # its einsum layouts still cut it
+]
+
+
+def _role(ops: list[str]) -> str:
+    mm, act = ops.count("matmul"), any(a in ops for a in ACTIVATIONS)
+    if "exp" in ops:
+        return "attention"
+    if mm and "reduce_sum" in ops:
+        return "norm_mlp" if act else "norm_qkv"
+    return "proj_residual" if mm == 1 and "add" in ops and not act else "other"
+
+
+@pytest.mark.parametrize(("name", "kind"), PIECES)
+def test_block_pieces_get_verified_mugraphs(name: str, kind: str) -> None:
     """The search returns verified µGraphs for a decoder block's norm + projections, norm +
-    gated MLP up-projection, projection + residual and attention (QKᵀ, scale, mask, stable
-    softmax, PV over the GQA cache) pieces (tiny llama, flax nnx)."""
-    part = _part("llama_decode_nnx")
+    MLP up-projection with its activation (SwiGLU, erf GELU, tanh GELU), projection +
+    residual and attention (QKᵀ, scale, mask, stable softmax, PV) pieces, in flax nnx,
+    equinox (`W @ x`, grouped scores with a unit axis), Gemma ((1 + w) gains) and GPT-2
+    (LayerNorm, biases, prefill with a causal mask), at tiny size."""
+    part = _part(name)
     p = part.program
-
-    def wanted(r: lax_ir.Region) -> bool:
-        ops = [p.nodes[i].op for i in r.nodes]
-        mm = ops.count("matmul")
-        if kind == "norm_qkv":
-            return mm == 3 and "reduce_sum" in ops
-        if kind == "attention":
-            return "exp" in ops
-        if kind == "norm_mlp":
-            return mm == 2 and "logistic" in ops and "reduce_sum" in ops
-        return mm == 1 and "add" in ops and "reduce_sum" not in ops
-
-    region = next(r for r in part.regions if wanted(r))
+    region = next(r for r in part.regions if _role([p.nodes[i].op for i in r.nodes]) == kind)
     res = search(region.program, budget=Budget(time_s=60), seed=0, workers=1)
-    assert res.best is not None, res.stop_reason
+    assert res.best is not None, (res.stop_reason, res.message)
     assert res.best.meta.get("verification", {}) is not None
 
 
@@ -167,15 +175,17 @@ def test_benchmarks_regions_unchanged_by_pieces() -> None:
             assert [p.canonical_hash for p in after] == [p.canonical_hash for p in before], bm.key
 
 
-def test_tiny_llama_runs_fused_kernels_like_jax_jit(tmp_path) -> None:
-    """mirage_jax.jit (Pallas interpret) on the tiny flax nnx Llama block: at least three fused
-    kernels, the attention one of them (its mask's fill is a value the capture made, derived
-    from the jaxpr's own values at the call), and values, jax.grad and jax.vmap as jax.jit's."""
+@pytest.mark.parametrize("name", ["llama_decode_nnx", "llama_decode_eqx", "gpt2_prefill"])
+def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str) -> None:
+    """mirage_jax.jit (Pallas interpret) on a tiny decoder block (flax nnx, equinox, GPT-2):
+    at least three fused kernels, the attention one of them (a mask's fill is a value the
+    capture made, derived from the jaxpr's own values at the call), and values, jax.grad and
+    jax.vmap as jax.jit's."""
     import mirage_jax
 
-    m = M.get("llama_decode_nnx", batch=1, size="tiny")
+    m = M.get(name, batch=1, size="tiny")
     case = m.make(0)
-    f = mirage_jax.jit(m.fn, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1)
+    f = mirage_jax.jit(m.fn, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=2)
     got = f(*case.args)
     kernels = [d for d in f.last.decisions if d.status == "kernel"]
     assert len(kernels) >= 3, [(d.index, d.status, d.reason[:80]) for d in f.last.decisions]

@@ -225,7 +225,8 @@ def _reduce_sum(ctx: OpCtx, x: jax.Array) -> jax.Array:
 @registry.register(BACKEND, "reduce_max")
 def _reduce_max(ctx: OpCtx, x: jax.Array) -> jax.Array:
     d = ctx.axis(ctx.params["dim"])
-    return jnp.max(ctx.masked(_f32(x), 0, (d,), -jnp.inf), axis=d, keepdims=True)
+    m = jnp.max(ctx.masked(_f32(x), 0, (d,), -jnp.inf), axis=d, keepdims=True)
+    return jnp.maximum(m, jnp.finfo(F32).min)  # a block masked whole: exp(-inf - m) = 0
 
 
 @registry.register(BACKEND, "rms_norm")

@@ -196,7 +196,8 @@ def _reduce_sum(c: OpCtx, x: str) -> str:
 @registry.register(BACKEND, "reduce_max")
 def _reduce_max(c: OpCtx, x: str) -> str:
     d = c.params["dim"] % len(c.pad)
-    return f"tl.max({c.masked(c.f32(x, 0), 0, (d,), 'float("-inf")')}, axis={d}, keep_dims=True)"
+    m = f"tl.max({c.masked(c.f32(x, 0), 0, (d,), 'float("-inf")')}, axis={d}, keep_dims=True)"
+    return f"tl.maximum({m}, {float(np.finfo(np.float32).min)!r})"  # masked whole: exp(-inf)
 
 
 @registry.register(BACKEND, "rms_norm")

@@ -9,7 +9,9 @@ into one µGraph, which is verified against the whole region at full size.
 
 Cut candidates are the tensors a matmul reads that the region computes (its prologues: a
 normalised query or key, attention probabilities), smallest sets first, nodes nearest the
-inputs first.
+inputs first. Before them, a region with several outputs tries the empty cut set: one kernel
+per output, each recomputing the prologue the outputs share (a norm before Q, K and V
+projections of different widths, which one grid cannot tile).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def cut_candidates(program: Program) -> list[int]:
 
 def cut_sets(program: Program, max_cuts: int) -> list[tuple[int, ...]]:
     cands = cut_candidates(program)
-    sets: list[tuple[int, ...]] = []
+    # No cut: one kernel per output, each recomputing what the outputs share (a norm before
+    # projections of different widths, which no one grid tiles).
+    sets: list[tuple[int, ...]] = [()] if 1 < len(program.outputs) <= max_cuts + 1 else []
     for k in range(1, max_cuts + 1):
         sets.extend(itertools.combinations(cands, k))
     return sets

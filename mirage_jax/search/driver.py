@@ -563,13 +563,19 @@ def _search_cuts(program: Program, budget: Budget, seed: int, target, device, de
             parts[out] = (r.best, sources)
         else:
             g = cut_mod.stitch(program, cs, parts)
+            try:
+                g.shapes  # noqa: B018 (validate: a piece may keep a cut value wider than the next reads)
+            except MuGraphError:
+                stats["failed"] += 1
+                continue
             v = fields.verify(g, program, trials=budget.trials, seed=seed)
             if not v:
                 stats["failed"] += 1
                 continue
             stats["stitched"] += 1
             c = cost_model.estimate(g, device)
-            desc = f"cut at %{','.join(map(str, cs))}: " + " | ".join(
+            head = f"cut at %{','.join(map(str, cs))}: " if cs else "one kernel per output: "
+            desc = head + " | ".join(
                 parts[o][0].meta.get("structure", "?") for o in [*sorted(cs), *program.outputs]
             )
             meta = {
