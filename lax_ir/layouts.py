@@ -436,11 +436,22 @@ def _scale_rule(g: _Graph) -> bool:
     return False
 
 
+def _row_broadcast(program: Program, n: Node) -> bool:
+    """Is n a vector made a row (`[N] -> [1, N]`: a rank-1 gain or bias), which only the
+    interface can take? (Broadcasts of reductions, `[M] -> [M, 1]`, the search reads as they
+    are; they alone do not start the rewrite, so the paper's benchmarks keep their regions.)"""
+    if n.op != "broadcast_in_dim" or not n.args:
+        return False
+    src = program.nodes[n.args[0]]
+    pos = _unit_positions(src.shape, n.shape) if src.op != "constant" else None
+    return pos is not None and max(src.shape, default=1) > 1 and pos == list(range(len(pos)))
+
+
 def hoist_layouts(program: Program) -> Program:
     """`program` with its transposes and unit-dim reshapes moved to its interface, where the
     rules above apply; unchanged if none does."""
     if "interface" not in program.meta and not any(
-        n.op in ("reshape", "transpose", "broadcast_in_dim") for n in program.nodes
+        n.op in ("reshape", "transpose") or _row_broadcast(program, n) for n in program.nodes
     ):
         return program
     g = _Graph(program)

@@ -175,6 +175,31 @@ def test_benchmarks_regions_unchanged_by_pieces() -> None:
             assert [p.canonical_hash for p in after] == [p.canonical_hash for p in before], bm.key
 
 
+def test_benchmark_regions_match_the_recorded_hashes() -> None:
+    """The paper's benchmarks' region Programs (b = 1, 8, 16, and the float32 variants the GPU
+    tests inject hand-built µGraphs into) are those recorded in benchmark_region_hashes.json
+    (2026-11-24, equal to the code before real-model pieces): a rewrite for real model code
+    that changed them would change the benchmarks' searches and results. If a change is
+    intended, regenerate the file and re-measure the benchmarks."""
+    import json
+    from pathlib import Path
+
+    from experiments import benchmarks
+    from test_api import bench_f32, only_region
+
+    want = json.loads((Path(__file__).parent / "benchmark_region_hashes.json").read_text())
+    got = {}
+    for name in benchmarks.names():
+        for batch in (1, 8, 16):
+            bm = benchmarks.get(name, batch)
+            part = lax_ir.partition(lax_ir.capture(bm.fn, *bm.inputs))
+            got[f"{name}/{batch}"] = [r.program.canonical_hash for r in part.regions]
+        bench, specs, _ = bench_f32(name)
+        got[f"{name}/f32"] = [only_region(bench.fn, *specs).program.canonical_hash]
+    changed = sorted(k for k in want if want[k] != got.get(k))
+    assert not changed, f"benchmark regions changed: {changed}"
+
+
 @pytest.mark.parametrize("name", ["llama_decode_nnx", "llama_decode_eqx", "gpt2_prefill"])
 def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str) -> None:
     """mirage_jax.jit (Pallas interpret) on a tiny decoder block (flax nnx, equinox, GPT-2):
