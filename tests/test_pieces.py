@@ -184,8 +184,9 @@ def test_benchmark_regions_match_the_recorded_hashes() -> None:
     import json
     from pathlib import Path
 
-    from experiments import benchmarks
     from test_api import bench_f32, only_region
+
+    from experiments import benchmarks
 
     want = json.loads((Path(__file__).parent / "benchmark_region_hashes.json").read_text())
     got = {}
