@@ -32,23 +32,28 @@ class _Unsupported(Exception):
     pass
 
 
-def _kept(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The axes of `shape` the canonical form keeps: every unit axis before the last two goes
-    (front first) while the rank stays at least 2."""
-    drop = [p for p in range(len(shape) - 2) if shape[p] == 1]
+def _kept(shape: tuple[int, ...], last: int = 2) -> tuple[int, ...]:
+    """The axes of `shape` the canonical form keeps: every unit axis before the `last` ones
+    goes (front first) while the rank stays at least 2."""
+    drop = [p for p in range(len(shape) - last) if shape[p] == 1]
     drop = drop[: max(0, len(shape) - 2)]
     return tuple(p for p in range(len(shape)) if p not in drop)
 
 
-def _target(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(shape[p] for p in _kept(tuple(shape)))
+def _target(shape: tuple[int, ...], last: int = 2) -> tuple[int, ...]:
+    return tuple(shape[p] for p in _kept(tuple(shape), last))
 
 
-def _aligned(arg_kept: tuple[int, ...], offset: int, out_kept: tuple[int, ...]) -> bool:
-    """Do an operand's kept axes (right-aligned into the output by `offset`) stay aligned with
-    the output's kept axes, so numpy broadcasting means the same after squeezing?"""
-    moved = [k + offset for k in arg_kept]
-    return len(moved) <= len(out_kept) and moved == list(out_kept[len(out_kept) - len(moved) :])
+def _aligned(
+    shape: tuple[int, ...], arg_kept: tuple[int, ...], offset: int, out_kept: tuple[int, ...]
+) -> bool:
+    """Does an operand of `shape`, its kept axes right-aligned into the output by `offset`,
+    still meet the output's kept axes where it has a size above 1 (its unit axes broadcast
+    wherever they land), so numpy broadcasting means the same after squeezing?"""
+    if len(arg_kept) > len(out_kept):
+        return False
+    pairs = zip(arg_kept, out_kept[len(out_kept) - len(arg_kept) :])
+    return all(shape[a] == 1 or a + offset == o for a, o in pairs)
 
 
 def _is_bitcast(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
@@ -73,15 +78,35 @@ def _invertible(c: Node) -> bool:
 
 def squeeze_leading(program: Program) -> Program:
     """`program` with leading unit dimensions dropped inside (same interface); see module doc."""
-    if all(_target(n.shape) == tuple(n.shape) for n in program.nodes):
-        return program
-    try:
-        return _rewrite(program)
-    except _Unsupported:
-        return program
+    for last in (1, 2):
+        # First also the unit axis before the last (a decode step's T = 1 in [B, 1, D] at
+        # batch B > 1); where a matmul needs it as its M, only those before the last two.
+        if all(_target(n.shape, last) == tuple(n.shape) for n in program.nodes):
+            continue
+        try:
+            return _rewrite(program, last)
+        except _Unsupported:
+            continue
+    if any(_inexact_division(program, n) for _, n in program.ops()):
+        try:  # no axis to drop, but a division the search cannot spell (1/sqrt(128) in fp16)
+            return _rewrite(program, 2)
+        except _Unsupported:
+            pass
+    return program
 
 
-def _rewrite(program: Program) -> Program:
+def _inexact_division(program: Program, n: Node) -> bool:
+    """Is n a division by a constant whose reciprocal is not a power of two?"""
+    if n.op != "div" or program.nodes[n.args[1]].op != "constant":
+        return False
+    arr = np.asarray(program.nodes[n.args[1]].param("value").array, dtype=np.float64)
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr == 0):
+        return False
+    mant, _ = np.frexp(np.abs(arr))
+    return bool(np.any(mant != 0.5))
+
+
+def _rewrite(program: Program, last: int) -> Program:
     old = program.nodes
     new: list[Node] = []
     value: dict[int, int] = {}  # old node -> new node holding its value, canonical shape
@@ -107,7 +132,7 @@ def _rewrite(program: Program) -> Program:
         args = tuple(value[a] for a in n.args)
         shapes = [new[a].shape for a in args]
         kin = [keep[a] for a in n.args]
-        kout = _kept(n.shape)
+        kout = _kept(n.shape, last)
         if n.op in ("reduce_sum", "reduce_max"):  # the operand's kept axes, less the reduced
             red = tuple(n.param("axes"))
             kout = tuple(a - sum(r < a for r in red) for a in kin[0] if a not in red)
@@ -129,7 +154,8 @@ def _rewrite(program: Program) -> Program:
                 zero.add(value[i])
         elif n.op in ELEMENTWISE:
             for a, k in zip(n.args, kin):
-                if old[a].shape and not _aligned(k, len(n.shape) - len(old[a].shape), kout):
+                off = len(n.shape) - len(old[a].shape)
+                if old[a].shape and not _aligned(old[a].shape, k, off, kout):
                     raise _Unsupported(n.op)
             shape = broadcast_shapes(*shapes)
             if shape != t:
@@ -179,7 +205,7 @@ def _rewrite(program: Program) -> Program:
         elif n.op == "matmul":
             for a, k in zip(n.args, kin):
                 lead = len(n.shape) - len(old[a].shape)
-                if not _aligned(k[:-2], lead, kout[:-2]):
+                if not _aligned(old[a].shape, k[:-2], lead, kout[:-2]):
                     raise _Unsupported(n.op)
             shape = matmul_shape(*shapes)
             if shape != t:
