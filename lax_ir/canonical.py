@@ -235,3 +235,138 @@ def _rewrite(program: Program, last: int) -> Program:
     interface = compose(program.meta.get("interface"), interface)
     meta = {"name": program.meta.get("name", "region"), "interface": interface}
     return Program.build(new, inputs, outputs, meta)
+
+
+def flatten_rows(program: Program) -> Program:
+    """`program` with the leading axes of its activations merged into one row axis, where it
+    already merges them itself before a matmul (`x @ w` on a `[B, T, D]` activation captures as
+    a reshape to `[B·T, D]`, a 2-D matmul and a reshape back): every tensor shaped `[*L, ...]`
+    becomes `[prod L, ...]`, those with unit leading axes `[1, ...]`, so the merging reshapes
+    vanish. Elementwise ops and reductions over trailing axes keep their meaning (each op is
+    checked); anything else (a transpose, a batched matmul) leaves the Program unchanged."""
+    lead = _merged_leading(program)
+    if lead is None:
+        return program
+    try:
+        return _flatten(program, lead)
+    except _Unsupported:
+        return program
+
+
+def _merged_leading(program: Program) -> tuple[int, ...] | None:
+    """The leading axes L a reshape `[*L, d] -> [prod L, d]` feeding a matmul merges, if all
+    such reshapes agree (and L has at least two axes)."""
+    found: set[tuple[int, ...]] = set()
+    for _, n in program.ops():
+        if n.op != "matmul":
+            continue
+        for a in n.args:
+            r = program.nodes[a]
+            if r.op != "reshape":
+                continue
+            src = program.nodes[r.args[0]].shape
+            if len(src) >= 3 and len(r.shape) == 2 and r.shape == (int(np.prod(src[:-1])), src[-1]):
+                found.add(tuple(src[:-1]))
+    return found.pop() if len(found) == 1 else None
+
+
+def _flatten(program: Program, lead: tuple[int, ...]) -> Program:
+    k, rows = len(lead), int(np.prod(lead))
+    old = program.nodes
+
+    def target(shape: tuple[int, ...]) -> tuple[int, ...]:
+        shape = tuple(shape)
+        if len(shape) >= k and shape[:k] == lead:
+            return (rows, *shape[k:])
+        if len(shape) > k and all(d == 1 for d in shape[:k]):
+            return (1, *shape[k:])
+        return shape  # weights, vectors: each op's check below says if they still fit
+
+    new: list[Node] = []
+    value: dict[int, int] = {}
+    inputs: list[int] = []
+
+    def add(node: Node) -> int:
+        new.append(node)
+        return len(new) - 1
+
+    def merged(i: int) -> bool:  # does old node i's shape carry the merged leading axes?
+        s = old[i].shape
+        return len(s) >= k and tuple(s[:k]) == lead
+
+    for i, n in enumerate(old):
+        args = tuple(value[a] for a in n.args)
+        shapes = [new[a].shape for a in args]
+        if n.op == "input":
+            inputs.append(add(Node(n.op, (), target(n.shape), n.dtype, n.params)))
+            value[i] = inputs[-1]
+        elif n.op == "constant":
+            t = target(n.shape)
+            c = n.param("value")
+            arr = np.asarray(c.array)
+            if t != n.shape:
+                n = Node(n.op, (), t, n.dtype, make_params(value=Const(arr.reshape(t), n.dtype)))
+            value[i] = add(n)
+        elif n.op in ELEMENTWISE:
+            t = target(n.shape)
+            for a in n.args:  # an operand either carries the merged axes or is 1 along them
+                s, off = old[a].shape, len(n.shape) - len(old[a].shape)
+                part = [s[p - off] for p in range(k) if p - off >= 0]
+                if not (off == 0 and merged(a)) and any(d != 1 for d in part):
+                    raise _Unsupported(n.op)
+            if broadcast_shapes(*shapes) != t:
+                raise _Unsupported(n.op)
+            value[i] = add(Node(n.op, args, t, n.dtype, n.params))
+        elif n.op in ("reduce_sum", "reduce_max"):
+            axes = tuple(n.param("axes"))
+            if not merged(n.args[0]) or any(a < k for a in axes):
+                raise _Unsupported(n.op)
+            new_axes = tuple(a - k + 1 for a in axes)
+            params = tuple((p, new_axes if p == "axes" else v) for p, v in n.params)
+            value[i] = add(Node(n.op, args, target(n.shape), n.dtype, params))
+        elif n.op == "reshape":
+            t = target(n.shape)
+            if shapes[0] == t:
+                value[i] = args[0]
+            elif _is_bitcast(shapes[0], t):
+                value[i] = add(Node(n.op, args, t, n.dtype, n.params))
+            else:
+                raise _Unsupported(n.op)
+        elif n.op == "broadcast_in_dim":
+            dims = tuple(n.param("broadcast_dimensions"))
+            t = target(n.shape)
+            src = old[n.args[0]].shape
+            if merged(n.args[0]) and dims[:k] == tuple(range(k)):
+                new_dims = (0, *(d - k + 1 for d in dims[k:]))
+            elif not src or (not merged(n.args[0]) and min(dims, default=k) >= k):
+                new_dims = tuple(d - k + 1 for d in dims) if len(t) < len(n.shape) else dims
+            else:
+                raise _Unsupported(n.op)
+            params = tuple(
+                (p, new_dims if p == "broadcast_dimensions" else (t if p == "shape" else v))
+                for p, v in n.params
+            )
+            value[i] = add(Node(n.op, args, t, n.dtype, params))
+        elif n.op == "matmul":
+            t = target(n.shape)
+            if len(shapes[0]) != 2 or len(shapes[1]) != 2 or matmul_shape(*shapes) != t:
+                raise _Unsupported(n.op)
+            value[i] = add(Node(n.op, args, t, n.dtype, n.params))
+        else:
+            raise _Unsupported(n.op)
+    outputs = [value[o] for o in program.outputs]
+    interface = {
+        "inputs": tuple(
+            (p, () if new[j].shape == old[i].shape else (("reshape", new[j].shape),))
+            for p, (i, j) in enumerate(zip(program.inputs, inputs))
+        ),
+        "outputs": tuple(
+            () if new[value[o]].shape == old[o].shape else (("reshape", old[o].shape),)
+            for o in program.outputs
+        ),
+    }
+    meta = {
+        "name": program.meta.get("name", "region"),
+        "interface": compose(program.meta.get("interface"), interface),
+    }
+    return Program.build(new, inputs, outputs, meta)

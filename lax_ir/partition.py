@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
-from lax_ir.canonical import squeeze_leading
+from lax_ir.canonical import flatten_rows, squeeze_leading
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
 from lax_ir.layouts import adapt, hoist_layouts
 from lax_ir.ops import OPS
@@ -393,7 +393,7 @@ def _subprogram(
         new.append(Node(nd.op, tuple(remap[a] for a in nd.args), nd.shape, nd.dtype, nd.params))
     sub = Program.build(new, [remap[a] for a in ins], [remap[o] for o in outs], {"name": name})
     for _ in range(3 if squeeze else 0):  # hoisting can make squeezing possible, and back
-        nxt = hoist_layouts(squeeze_leading(sub))
+        nxt = hoist_layouts(flatten_rows(squeeze_leading(sub)))
         if nxt is sub:
             break
         sub = nxt

@@ -15,6 +15,7 @@ from lax_ir.interpret import evaluate
 from lax_ir.layouts import adapt
 from lax_ir.partition import _subprogram
 from mirage_jax.search import Budget, search
+from mirage_jax.search.diagnose import blockers
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -64,6 +65,29 @@ def test_mlp_activation_with_its_projections() -> None:
     assert r is not None
     mm = [i for i in r.nodes if part.program.nodes[i].op == "matmul"]
     assert len(mm) == 2, "gate and up projections with the SiLU"
+
+
+def test_rows_of_a_3d_activation_are_flattened() -> None:
+    """LayerNorm and a biased projection on a [B, T, D] activation (GPT-2 at batch > 1) become
+    a 2-D region (the capture's row-merging reshapes vanish) with the same values, and the
+    search finds a µGraph for it."""
+
+    def f(x, g, b, w, c):
+        m = jnp.mean(x, -1, keepdims=True)
+        v = jnp.var(x, -1, keepdims=True)
+        return ((x - m) / jnp.sqrt(v + 1e-5) * g + b) @ w + c
+
+    specs = [S((2, 8, 64), F32), S((64,), F32), S((64,), F32), S((64, 96), F32), S((96,), F32)]
+    (region,) = lax_ir.partition(lax_ir.capture(f, *specs)).regions
+    p = region.program
+    assert all(len(n.shape) <= 2 for n in p.nodes), p.pretty()
+    assert not blockers(p), p.pretty()
+    keys = jax.random.split(jax.random.key(0), 5)
+    xs = [jax.random.normal(k, s.shape) for k, s in zip(keys, specs)]
+    (got,) = adapt(lambda *a: evaluate(p, *a), p)(*xs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(*xs)), rtol=1e-4, atol=1e-4)
+    res = search(p, budget=Budget(time_s=60), seed=0, workers=1)
+    assert res.best is not None, res.message
 
 
 def test_squeeze_keeps_a_square_transpose() -> None:
