@@ -72,12 +72,17 @@ def apply_ops(x: Any, ops: Ops) -> Any:
     return x
 
 
-def adapt(fn: Callable[..., Any], program: Program) -> Callable[..., Any]:
-    """`fn` (a function of `program`'s inputs) taking and returning the region's own values."""
+def adapt(
+    fn: Callable[..., Any], program: Program, stored: frozenset[int] = frozenset()
+) -> Callable[..., Any]:
+    """`fn` (a function of `program`'s inputs) taking and returning the region's own values;
+    canonical inputs in `stored` reach `fn` without their last step (a transpose the kernel
+    reads through)."""
     interface = program.meta.get("interface")
     if interface is None:
         return fn
     ins, outs = interface["inputs"], interface["outputs"]
+    ins = [(pos, ops[:-1] if k in stored else ops) for k, (pos, ops) in enumerate(ins)]
 
     def adapted(*xs: Any) -> list[Any]:
         got = fn(*[apply_ops(xs[pos], ops) for pos, ops in ins])

@@ -132,8 +132,9 @@ def region_kernel(
     A failure is a warning and the region runs as XLA; in strict mode it raises (`fallback`).
     """
     program = region.program
+    views = stored_transposed(program, backend)
     try:
-        impl = lower_mugraph(decision.mugraph, backend, lower_config)
+        impl = lower_mugraph(decision.mugraph, backend, lower_config, views)
     except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
         fallback(
             f"lower:{decision.cache_key}:{backend}",
@@ -154,7 +155,10 @@ def region_kernel(
         outs = list(impl(*xs))
         return [_as(outs[i], d) for i, d in zip(order, out_dtypes)]
 
-    specs = [jax.ShapeDtypeStruct(s, d) for s, d in program.input_avals]
+    specs = [
+        jax.ShapeDtypeStruct((*s[:-2], s[-1], s[-2]) if k in views else s, d)
+        for k, (s, d) in enumerate(program.input_avals)
+    ]
     try:
         got = [(tuple(o.shape), str(o.dtype)) for o in jax.eval_shape(ordered, *specs)]
     except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
@@ -176,7 +180,29 @@ def region_kernel(
             strict,
         )
         return "lowered kernel has the wrong output shapes/dtypes"
-    return adapt(with_xla_jvp(ordered, program), program)
+    return adapt(with_xla_jvp(ordered, program, views), program, views)
+
+
+def stored_transposed(program: Any, backend: str) -> frozenset[int]:
+    """The region's inputs the kernel reads in the layout they are stored in: those the
+    interface would transpose last (swapping the last two axes: a weight stored as W that the
+    µGraph reads as Wᵀ, equinox's and Gemma's layouts, a cache read as Kᵀ), where the backend
+    reads such views in place (`VIEWS`: Triton); XLA no longer copies them on every call."""
+    interface = program.meta.get("interface")
+    mod = backends.get(backend).module
+    if (
+        interface is None
+        or mod is None
+        or not getattr(backends.get(backend).load(), "VIEWS", False)
+    ):
+        return frozenset()
+    out = set()
+    for k, (_, ops) in enumerate(interface["inputs"]):
+        rank = len(program.input_avals[k][0])
+        swap = (*range(rank - 2), rank - 1, rank - 2)
+        if rank >= 2 and ops and ops[-1][0] == "transpose" and tuple(ops[-1][1]) == swap:
+            out.add(k)
+    return frozenset(out)
 
 
 def _as(x: Any, dtype: Any) -> Any:
@@ -194,23 +220,29 @@ def _as(x: Any, dtype: Any) -> Any:
 
 
 def lower_mugraph(
-    mugraph: Any, backend: str, lower_config: Any = None
+    mugraph: Any, backend: str, lower_config: Any = None, views: frozenset[int] = frozenset()
 ) -> Callable[..., Sequence[Any]]:
-    """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla")."""
+    """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
+    inputs in `views` arrive with their last two axes exchanged (`lower`)."""
     from mirage_jax.lower import lower
 
+    if views:
+        return lower(mugraph, backend=backend, config=lower_config, views=views)
     return lower(mugraph, backend=backend, config=lower_config)
 
 
-def with_xla_jvp(impl: Callable[..., Sequence[Any]], program: Any) -> Callable[..., list[Any]]:
+def with_xla_jvp(
+    impl: Callable[..., Sequence[Any]], program: Any, views: frozenset[int] = frozenset()
+) -> Callable[..., list[Any]]:
     """`impl` as a custom_jvp whose tangent is the XLA jvp of the region `program`.
 
     The kernel computes the primal; the tangent is XLA's, linear in the input tangents, so
     forward mode, reverse mode (JAX transposes the tangent), higher orders and vmap all work
-    as they do under `jax.jit`.
+    as they do under `jax.jit`. Inputs in `views` come stored transposed (`stored_transposed`).
     """
 
     def xla(*xs: Any) -> tuple[Any, ...]:
+        xs = tuple(jax.numpy.swapaxes(x, -1, -2) if k in views else x for k, x in enumerate(xs))
         return tuple(lax_ir.evaluate(program, *xs))
 
     @jax.custom_jvp

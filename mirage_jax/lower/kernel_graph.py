@@ -74,8 +74,13 @@ def lower(
     backend: str = "pallas",
     config: Any = None,
     interpret: bool | None = None,
+    views: frozenset[int] = frozenset(),
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """Lower a µGraph to a jitted JAX function of its inputs returning a tuple of its outputs.
+
+    Inputs at the positions in `views` arrive stored with their last two axes exchanged (a
+    weight kept as W where the µGraph reads Wᵀ): kernels of a backend that can (`VIEWS`) read
+    them in place; every other reader gets them transposed by XLA.
 
     Arguments:
         mugraph: the µGraph (validated first).
@@ -100,10 +105,17 @@ def lower(
     plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
     if interpret is None:
         interpret = b.interpret or jax.default_backend() == "cpu"
-    kernels = {
-        i: mod.build_kernel(p, config, interpret=interpret, where=f"kernel op {i} (graph_defined)")
-        for i, p in plans.items()
+    viewed = {mugraph.inputs[pos] for pos in views}  # kernel op ids of inputs stored transposed
+    in_place = getattr(mod, "VIEWS", False)
+    kernel_views = {
+        i: frozenset(k for k, a in enumerate(mugraph.ops[i].args) if in_place and a[0] in viewed)
+        for i in plans
     }
+    kernels = {}
+    for i, p in plans.items():
+        extra = {"views": kernel_views[i]} if kernel_views[i] else {}
+        where = f"kernel op {i} (graph_defined)"
+        kernels[i] = mod.build_kernel(p, config, interpret=interpret, where=where, **extra)
     shapes = mugraph.shapes
     ops = mugraph.ops
     inputs = mugraph.inputs
@@ -115,15 +127,25 @@ def lower(
         if len(args) != len(inputs):
             raise TypeError(f"{mugraph!r} takes {len(inputs)} inputs, got {len(args)}")
         env: dict[tuple[int, int], jax.Array] = {}
+        stored: dict[tuple[int, int], jax.Array] = {}  # inputs as they arrived, transposed
         for pos, i in enumerate(inputs):
             x = jnp.asarray(args[pos])
-            if tuple(x.shape) != tuple(avals[pos][0]):
-                raise TypeError(f"input {pos}: shape {x.shape}, expected {avals[pos][0]}")
-            env[(i, 0)] = x.astype(avals[pos][1])
+            want = tuple(avals[pos][0])
+            if pos in views:
+                want = (*want[:-2], want[-1], want[-2])
+            if tuple(x.shape) != want:
+                raise TypeError(f"input {pos}: shape {x.shape}, expected {want}")
+            x = x.astype(avals[pos][1])
+            if pos in views:
+                stored[(i, 0)] = x
+                x = jnp.swapaxes(x, -1, -2)  # for readers that cannot read it in place
+            env[(i, 0)] = x
         for i, op in enumerate(ops):
             if op.op == "input":
                 continue
-            xs = [env[a] for a in op.args]
+            xs = [
+                stored[a] if k in kernel_views.get(i, ()) else env[a] for k, a in enumerate(op.args)
+            ]
             if i in kernels:
                 for j, y in enumerate(kernels[i](*xs)):
                     env[(i, j)] = y

@@ -484,6 +484,10 @@ def check_rules(plan: KernelPlan, where: str) -> None:
             raise LoweringError(f"{where}: block op {k} ({op.op}): rule and op kind disagree")
 
 
+VIEWS = False
+"""Inputs stored transposed are transposed by XLA before the call (`kernel_graph.lower`)."""
+
+
 def build_kernel(
     plan: KernelPlan, config: PallasConfig, *, interpret: bool, where: str
 ) -> Callable[..., list[jax.Array]]:

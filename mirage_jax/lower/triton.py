@@ -318,9 +318,17 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _tile_access(dims, pids: list[str]) -> tuple[str, str, str, str | None]:
-    """(block base offset, per-iteration loop step, lane offsets, mask) source of one tile."""
-    strides = _strides(tuple(d.size for d in dims))
+def _tile_access(dims, pids: list[str], view: bool = False) -> tuple[str, str, str, str | None]:
+    """(block base offset, per-iteration loop step, lane offsets, mask) source of one tile.
+
+    A `view` input is stored with its last two axes exchanged (a weight read as Wᵀ, a cache
+    read as Kᵀ): the same logical tile, read through the stored array's strides."""
+    sizes = tuple(d.size for d in dims)
+    if view:
+        stored = _strides((*sizes[:-2], sizes[-1], sizes[-2]))
+        strides = (*stored[:-2], stored[-1], stored[-2])
+    else:
+        strides = _strides(sizes)
     pads = tuple(d.pad for d in dims)
     base = [f"{pids[d.axis]} * {d.extent * s}" for d, s in zip(dims, strides) if d.axis is not None]
     step = [f"{d.tile * s}" for d, s in zip(dims, strides) if d.loop]
@@ -334,8 +342,11 @@ def _tile_access(dims, pids: list[str]) -> tuple[str, str, str, str | None]:
     )
 
 
-def generate_source(plan: KernelPlan, config: TritonConfig, name: str) -> str:
-    """The readable `@triton.jit` source of one planned kernel (inputs, then outputs)."""
+def generate_source(
+    plan: KernelPlan, config: TritonConfig, name: str, views: frozenset[int] = frozenset()
+) -> str:
+    """The readable `@triton.jit` source of one planned kernel (inputs, then outputs); inputs
+    in `views` are stored with their last two axes exchanged (`_tile_access`)."""
     bg, n_in = plan.bg, plan.n_in
     lines: list[str] = []
     emit = lines.append
@@ -353,7 +364,9 @@ def generate_source(plan: KernelPlan, config: TritonConfig, name: str) -> str:
             f"    # in{k}: {b.dtype}{list(b.shape)}, imap {b.imap}, forloop_dim {b.forloop_dim}, "
             f"tile {list(plan.tile(k))} (padded {list(plan.pads[k])})"
         )
-        base, step, offs, mask = _tile_access(dims, pids)
+        if k in views:
+            emit(f"    # in{k} is stored transposed (last two axes exchanged): read as a view")
+        base, step, offs, mask = _tile_access(dims, pids, k in views)
         emit(f"    in{k}_ptrs = in{k} + {base} + {offs}")
         if mask:
             emit(f"    in{k}_mask = {mask}")
@@ -454,11 +467,15 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "mirage_jax" / "triton"
 
 
-def kernel_source(plan: KernelPlan, config: TritonConfig) -> tuple[str, str]:
-    """(kernel name, source) of a plan; the name carries the hash of the block graph + config."""
-    digest = hashlib.sha256(repr((plan.bg, plan.pads, config)).encode()).hexdigest()[:16]
+def kernel_source(
+    plan: KernelPlan, config: TritonConfig, views: frozenset[int] = frozenset()
+) -> tuple[str, str]:
+    """(kernel name, source) of a plan; the name carries the hash of the block graph + config
+    (+ the inputs read as transposed views)."""
+    key = (plan.bg, plan.pads, config, tuple(sorted(views)))
+    digest = hashlib.sha256(repr(key if views else key[:3]).encode()).hexdigest()[:16]
     name = f"mugraph_kernel_{digest}"
-    return name, generate_source(plan, config, name)
+    return name, generate_source(plan, config, name, views)
 
 
 def load_kernel(name: str, source: str) -> Any:
@@ -555,10 +572,20 @@ def check_rules(plan: KernelPlan, where: str) -> None:
             raise LoweringError(f"{where}: block op {k} ({op.op}): rule and op kind disagree")
 
 
+VIEWS = True
+"""This backend reads inputs stored transposed in place (`build_kernel(views=...)`)."""
+
+
 def build_kernel(
-    plan: KernelPlan, config: TritonConfig, *, interpret: bool, where: str
+    plan: KernelPlan,
+    config: TritonConfig,
+    *,
+    interpret: bool,
+    where: str,
+    views: frozenset[int] = frozenset(),
 ) -> Callable[..., list[jax.Array]]:
-    """A function of the kernel's arguments launching the generated kernel (jax-triton)."""
+    """A function of the kernel's arguments launching the generated kernel (jax-triton);
+    arguments in `views` come stored with their last two axes exchanged."""
     if not isinstance(config, TritonConfig):
         raise LoweringError(f"{where}: the triton backend takes a TritonConfig, got {config!r}")
     check_rules(plan, where)
@@ -568,7 +595,7 @@ def build_kernel(
         stages = plan.stages(config.num_stages)
     except LoweringError as e:
         raise LoweringError(f"{where}: {e}") from None
-    name, source = kernel_source(plan, config)
+    name, source = kernel_source(plan, config, frozenset(views))
     try:
         fn = load_kernel(name, source)
     except ImportError as e:
