@@ -136,6 +136,9 @@ def _rewrite(program: Program, last: int) -> Program:
         if n.op in ("reduce_sum", "reduce_max"):  # the operand's kept axes, less the reduced
             red = tuple(n.param("axes"))
             kout = tuple(a - sum(r < a for r in red) for a in kin[0] if a not in red)
+        elif n.op in ELEMENTWISE:  # an operand of the result's own shape sets its axes
+            same = [keep[a] for a in n.args if tuple(old[a].shape) == tuple(n.shape)]
+            kout = same[0] if same else kout
         keep[i] = kout
         t = tuple(n.shape[p] for p in kout)
         if n.op == "input":

@@ -21,8 +21,8 @@ S = jax.ShapeDtypeStruct
 F32 = jnp.float32
 
 
-def _part(name: str) -> lax_ir.Partition:
-    m = M.get(name, batch=1, size="tiny")
+def _part(name: str, size: str = "tiny") -> lax_ir.Partition:
+    m = M.get(name, batch=1, size=size)
     return lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
 
 
@@ -154,10 +154,12 @@ def test_pieces_rebuild_matches_jax(name: str) -> None:
 
 ACTIVATIONS = ("logistic", "tanh", "erf")
 PIECES = [
-    (name, kind)
+    (name, kind, "tiny")
     for name in ("llama_decode_nnx", "llama_decode_eqx", "gemma_decode", "gpt2_prefill")
     for kind in ("norm_qkv", "norm_mlp", "proj_residual", "attention")
     if (name, kind) != ("gemma_decode", "attention")  # its einsum layouts still cut it
+] + [  # float16 weights with float32 norms
+    ("llama_decode_nnx", kind, "realistic") for kind in ("norm_qkv", "norm_mlp", "attention")
 ]
 
 
@@ -170,14 +172,15 @@ def _role(ops: list[str]) -> str:
     return "proj_residual" if mm == 1 and "add" in ops and not act else "other"
 
 
-@pytest.mark.parametrize(("name", "kind"), PIECES)
-def test_block_pieces_get_verified_mugraphs(name: str, kind: str) -> None:
+@pytest.mark.parametrize(("name", "kind", "size"), PIECES)
+def test_block_pieces_get_verified_mugraphs(name: str, kind: str, size: str) -> None:
     """The search returns verified µGraphs for a decoder block's norm + projections, norm +
     MLP up-projection with its activation (SwiGLU, erf GELU, tanh GELU), projection +
     residual and attention (QKᵀ, scale, mask, stable softmax, PV) pieces, in flax nnx,
     equinox (`W @ x`, grouped scores with a unit axis), Gemma ((1 + w) gains) and GPT-2
-    (LayerNorm, biases, prefill with a causal mask), at tiny size."""
-    part = _part(name)
+    (LayerNorm, biases, prefill with a causal mask), at tiny size, and the Llama block at
+    realistic size (float16)."""
+    part = _part(name, size)
     p = part.program
     region = next(r for r in part.regions if _role([p.nodes[i].op for i in r.nodes]) == kind)
     res = search(region.program, budget=Budget(time_s=60), seed=0, workers=1)
