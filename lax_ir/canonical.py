@@ -136,6 +136,11 @@ def _rewrite(program: Program, last: int) -> Program:
         if n.op in ("reduce_sum", "reduce_max"):  # the operand's kept axes, less the reduced
             red = tuple(n.param("axes"))
             kout = tuple(a - sum(r < a for r in red) for a in kin[0] if a not in red)
+        elif n.op == "transpose" and not _moves_units(old[n.args[0]], n):
+            # the axes whose source axis stays (a dropped unit axis stays dropped)
+            perm = tuple(n.param("permutation"))
+            moved = tuple(q for q in range(len(perm)) if perm[q] in kin[0])
+            kout = moved if len(moved) >= 2 else kout
         elif n.op in ELEMENTWISE:  # an operand of the result's own shape sets its axes
             same = [keep[a] for a in n.args if tuple(old[a].shape) == tuple(n.shape)]
             kout = same[0] if same else kout

@@ -388,7 +388,12 @@ def _attention_scores(q, k):
     [
         (_attention_scores, (16, 32), "transposed matmul operand"),
         (lambda x, w: (x - x.mean(-1, keepdims=True)) @ w, (32, 32), "mean-centering"),
-        (lambda x, w: x @ w / 3.0, (32, 32), "division by 3"),
+        # (a division by a constant is rewritten as a multiplication by its reciprocal now)
+        (
+            lambda x, w: jnp.exp((x @ w).reshape(32, 16)).reshape(16, 32) @ w,
+            (32, 32),
+            "merges or splits",
+        ),
     ],
 )
 def test_blockers_name_the_constructs_the_search_does_not_handle(fn, second, construct):
