@@ -217,10 +217,12 @@ def select(
             continue
         contenders.append(Contender(label, us, g, "", est, err, verdict))
         if not timed:
+            _log(program, contenders)
             why = "the cost model's best that lowers and passes the float check (not timed)"
             return Selection(g, why, tuple(contenders), method, backend)
         if best is None or us < best[0]:
             best = (us, g)
+    _log(program, contenders)
     if best is None:
         first = next((f" (first failure: {c.error})" for c in contenders[1:]), "")
         why = f"no µGraph lowered and ran correctly; XLA kept{first}"
@@ -231,6 +233,17 @@ def select(
     margin = f"within {tie:.0%} or slower" if tie else "not faster"
     why = f"XLA kept: {xla_us:.2f} µs, best µGraph {best[0]:.2f} µs ({margin})"
     return Selection(None, why, tuple(contenders), method, backend)
+
+
+def _log(program: Program, contenders: list[Contender]) -> None:
+    """Every contender at debug level: its time, or why it was dropped."""
+    from mirage_jax.log import logger
+
+    name = program.meta.get("name", "region")
+    for c in contenders:
+        what = f"{c.us:.2f} µs" if c.us is not None else (c.error or "not timed")
+        structure = "" if c.mugraph is None else f" {c.mugraph.meta.get('structure', '')}"
+        logger.debug("%s candidate %s: %s%s", name, c.label, what, structure)
 
 
 def _verify(g: MuGraph, program: Program, trials: int, seed: int) -> tuple[Any, list[int] | None]:

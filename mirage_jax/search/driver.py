@@ -285,6 +285,12 @@ def search(
         stats["blockers"] = found
         if found:
             message += "; what the search does not handle yet here: " + "; ".join(found)
+    from mirage_jax.log import logger
+
+    logger.debug(
+        "%s search: %s, %d µGraph(s) in %.1f s: %s", program.meta.get("name", "region"),
+        stop_reason, len(kept), time.perf_counter() - t_all, message,
+    )  # fmt: skip
     return SearchResult(
         tuple(kept), stop_reason, stats, tuple(dict.fromkeys(descriptions)), message,
         program.canonical_hash,

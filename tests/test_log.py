@@ -1,0 +1,56 @@
+"""The `mirage_jax` logger: one line per region at info level, switched on by MIRAGE_JAX_LOG."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import mirage_jax
+from mirage_jax import log
+
+
+def test_info_names_each_region_and_why(caplog) -> None:
+    def f(x, w):
+        return jax.nn.silu(x @ w)
+
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 8))
+    with caplog.at_level(logging.INFO, logger="mirage_jax"):
+        mirage_jax.jit(f, search="off", cache=False)(x, w)
+    lines = [r.getMessage() for r in caplog.records if r.name == "mirage_jax"]
+    assert any("f region 0: xla: search='off'" in m for m in lines), lines
+
+
+def test_debug_shows_the_search_and_the_candidates(caplog, tmp_path) -> None:
+    def f(x, w):
+        return x @ w
+
+    x, w = jnp.ones((16, 16)), jnp.ones((16, 16))
+    with caplog.at_level(logging.DEBUG, logger="mirage_jax"):
+        mirage_jax.jit(f, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1)(x, w)
+    lines = [r.getMessage() for r in caplog.records if r.name == "mirage_jax"]
+    assert any(" search: " in m and "µGraph(s) in" in m for m in lines), lines
+    assert any(" candidate mugraph[0]: " in m for m in lines), lines
+
+
+def test_the_environment_switches_it_on(monkeypatch) -> None:
+    monkeypatch.setenv(log.LOG_ENV, "debug")
+    before = list(log.logger.handlers)
+    try:
+        log.configure_from_env()
+        log.configure_from_env()  # once: no second handler
+        added = [h for h in log.logger.handlers if h not in before]
+        assert len(added) == 1 and log.logger.level == logging.DEBUG
+    finally:
+        for h in log.logger.handlers:
+            if h not in before:
+                log.logger.removeHandler(h)
+        log.logger.setLevel(logging.NOTSET)
+
+
+def test_a_wrong_level_says_so(monkeypatch) -> None:
+    monkeypatch.setenv(log.LOG_ENV, "loud")
+    with pytest.warns(mirage_jax.MirageWarning, match="not a logging level"):
+        log.configure_from_env()
