@@ -81,7 +81,8 @@ def make_key(
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One row. `mugraph_json` is None when XLA was found best (nothing beat it)."""
+    """One row. `mugraph_json` is None when the region runs as XLA (no µGraph found, or none
+    faster; `timings["reason"]` says which)."""
 
     key: str
     region_hash: str
@@ -97,7 +98,7 @@ class CacheEntry:
 
     @property
     def is_xla(self) -> bool:
-        """True for a "no µGraph beats XLA" entry."""
+        """True for an entry that runs the region as XLA (`timings["reason"]` says why)."""
         return self.mugraph_json is None
 
     @property

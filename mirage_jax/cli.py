@@ -224,7 +224,7 @@ def _cache_show(args: argparse.Namespace) -> int:
     print(f"created:      {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e.created_at))}")
     print(f"timings:      {json.dumps(e.timings, sort_keys=True) if e.timings else '-'}")
     if e.is_xla:
-        print("choice:       XLA (no µGraph beat it)")
+        print(f"choice:       XLA ({e.timings.get('reason') or 'the reason was not stored'})")
         return 0
     print(f"verification: {json.dumps(e.verification, sort_keys=True)}")
     try:

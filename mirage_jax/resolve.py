@@ -115,8 +115,11 @@ class Resolver:
             return None
         stats.cache_hits += 1
         entry, mugraph = hit
+        # An XLA entry says why it was stored (no µGraph found, or none faster when timed);
+        # entries from before the reason was kept say only that XLA was chosen.
+        why_xla = entry.timings.get("reason") or "XLA was chosen when it was stored"
         return self._decision(
-            region, entry, mugraph, "cache", "cached verified µGraph", "cached: no µGraph beat XLA"
+            region, entry, mugraph, "cache", "cached verified µGraph", f"cached: {why_xla}"
         )
 
     def _search(self, region: Any, key: str) -> RegionDecision:
@@ -147,7 +150,7 @@ class Resolver:
             self.backend,
             mugraph_json=found.mugraph_json,
             verdict_json=found.verdict_json,
-            timings=found.timings,
+            timings={**found.timings, "reason": found.reason},  # read back on a cache hit
             options=self.key_options(),
             version=self.version,
         )

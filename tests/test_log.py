@@ -54,3 +54,24 @@ def test_a_wrong_level_says_so(monkeypatch) -> None:
     monkeypatch.setenv(log.LOG_ENV, "loud")
     with pytest.warns(mirage_jax.MirageWarning, match="not a logging level"):
         log.configure_from_env()
+
+
+def test_a_cached_xla_decision_keeps_its_reason(tmp_path) -> None:
+    """A region stored as XLA says why on the next process's cache hit (here: the search found
+    nothing for scores against a transposed computed K), not that a µGraph was beaten."""
+
+    def f(q, k):
+        return jax.nn.softmax(q @ (2.0 * k).T, axis=-1)
+
+    q, k = jnp.ones((16, 32)), jnp.ones((16, 32))
+    cache = tmp_path / "c.sqlite"
+    first = mirage_jax.jit(f, backend="pallas-interpret", cache=cache, workers=1, budget_s=5)
+    first(q, k)
+    stored = {d.index: d.reason for d in first.last.decisions if d.status == "xla"}
+    assert any("no µGraph found" in r for r in stored.values()), stored
+    again = mirage_jax.jit(f, backend="pallas-interpret", cache=cache, workers=1, budget_s=5)
+    again(q, k)
+    hits = [d for d in again.last.decisions if d.status == "xla" and d.source == "cache"]
+    assert hits, again.last.decisions
+    for d in hits:
+        assert d.reason == "cached: " + stored[d.index].removeprefix("search: "), d.reason
