@@ -1264,8 +1264,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "device) that this run does not time, e.g. after a run split by --batches",
     )
     p.add_argument("--deadline-s", type=float, default=500.0,
-                   help="time phase: stop timing after this many seconds (8 min 20 s: the "
-                   "device tool's command limit is 10 min)")  # fmt: skip
+                   help="time phase: stop timing after this many seconds and write what was "
+                   "timed (default: %(default)s s, so a run under a 10-minute job limit ends "
+                   "with its results saved)")  # fmt: skip
     return p
 
 
