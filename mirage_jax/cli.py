@@ -184,7 +184,7 @@ def _cache_ls(args: argparse.Namespace) -> int:
     if entries:
         print(
             f"{'key':16}  {'region':12}  {'kind':7}  {'backend':16}  {'bound':8}  {'speedup':7}  "
-            f"{'origin':7}  device"
+            f"{'origin':7}  {'device':24}  from"
         )
     for e in entries:
         v = e.verification.get("verdict") or {}
@@ -197,7 +197,7 @@ def _cache_ls(args: argparse.Namespace) -> int:
         kind = "xla" if e.is_xla else "µgraph"
         print(
             f"{e.key[:16]}  {e.region_hash[:12]}  {kind:7}  {e.backend:16}  {bound:8}  "
-            f"{speedup:7}  {e.origin:7}  {e.device_kind}"
+            f"{speedup:7}  {e.origin:7}  {e.device_kind:24}  {t.get('from', '-')}"
         )
     return 0
 
@@ -422,7 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_arg(cache)
     csub = cache.add_subparsers(dest="cache_command", metavar="ACTION")
     actions: list[tuple[str, str, Callable[[argparse.Namespace], int]]] = [
-        ("ls", "list the entries (key, region, µGraph or XLA, bound, speedup)", _cache_ls),
+        (
+            "ls",
+            "list the entries (key, region, µGraph or XLA, bound, speedup, the function and "
+            "shapes it came from)",
+            _cache_ls,
+        ),
         ("show", "print one entry: fields, verification record, timings, µGraph", _cache_show),
         ("clear", "delete every entry", _cache_clear),
         ("export", "write every entry to a JSON-lines file", _cache_export),

@@ -150,7 +150,7 @@ class Resolver:
             self.backend,
             mugraph_json=found.mugraph_json,
             verdict_json=found.verdict_json,
-            timings={**found.timings, "reason": found.reason},  # read back on a cache hit
+            timings={**found.timings, "reason": found.reason, "from": provenance(region.program)},
             options=self.key_options(),
             version=self.version,
         )
@@ -177,6 +177,17 @@ class Resolver:
             region.index, entry.region_hash, "kernel", why, source, mugraph, entry.verification,
             entry.timings, entry.key, self.backend,
         )  # fmt: skip
+
+
+def provenance(program: Any) -> str:
+    """Where a region came from, for `cache ls`: its function's name and region index, and
+    its input shapes, e.g. `block.region0(f16[1,1024], f16[1024,256])`."""
+    from lax_ir import ops as lax_ops
+
+    shapes = ", ".join(
+        f"{lax_ops.short_dtype(d)}[{','.join(map(str, s))}]" for s, d in program.input_avals
+    )
+    return f"{program.meta.get('name', 'region')}({shapes})"
 
 
 def xla_decision(

@@ -141,3 +141,16 @@ def test_cache_uses_the_environment_variable(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MIRAGE_JAX_CACHE", str(tmp_path / "env.sqlite"))
     rc, out, _ = run(capsys, "cache", "path")
     assert rc == 0 and out.strip() == str(tmp_path / "env.sqlite")
+
+
+def test_cache_ls_says_which_function_and_shapes_a_region_came_from(capsys, tmp_path):
+    import mirage_jax
+
+    def scores(q, k):
+        return jax.nn.softmax(q @ (2.0 * k).T, axis=-1)
+
+    path = tmp_path / "c.sqlite"
+    f = mirage_jax.jit(scores, backend="pallas-interpret", cache=path, workers=1, budget_s=5)
+    f(jnp.ones((16, 32)), jnp.ones((16, 32)))
+    rc, out, _ = run(capsys, "cache", "ls", "--cache", str(path))
+    assert rc == 0 and "scores.region0(f32[16,32]" in out, out
