@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lax_ir.layouts import compose
+from lax_ir.layouts import compose, is_bitcast
 from lax_ir.ops import ELEMENTWISE, broadcast_shapes, matmul_shape
 from lax_ir.program import Const, Node, Program, make_params
 
@@ -54,10 +54,6 @@ def _aligned(
         return False
     pairs = zip(arg_kept, out_kept[len(out_kept) - len(arg_kept) :])
     return all(shape[a] == 1 or a + offset == o for a, o in pairs)
-
-
-def _is_bitcast(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
-    return [d for d in src if d > 1] == [d for d in dst if d > 1]
 
 
 def _moves_units(src: Node, n: Node) -> bool:
@@ -187,7 +183,7 @@ def _rewrite(program: Program, last: int) -> Program:
             params = tuple((k, axes if k == "axes" else v) for k, v in n.params)
             value[i] = add(Node(n.op, args, t, n.dtype, params))
         elif n.op == "reshape" or (n.op == "transpose" and _moves_units(old[n.args[0]], n)):
-            if not _is_bitcast(old[n.args[0]].shape, n.shape):
+            if not is_bitcast(old[n.args[0]].shape, n.shape):
                 raise _Unsupported(n.op)
             value[i] = reshape(args[0], t)
         elif n.op == "transpose":
@@ -229,19 +225,27 @@ def _rewrite(program: Program, last: int) -> Program:
             raise _Unsupported(n.op)
         if n.op in ("reshape", "transpose", "broadcast_in_dim") and args[0] in zero:
             zero.add(value[i])
-    outputs = [value[o] for o in program.outputs]
+    return _reshaped(program, new, inputs, [value[o] for o in program.outputs])
+
+
+def _reshaped(program: Program, new: list[Node], inputs: list[int], outputs: list[int]) -> Program:
+    """The rewritten Program (`new` nodes, its `inputs` and `outputs`, one per `program`'s):
+    its interface reshapes each input and output whose shape changed, after `program`'s own."""
+    old = program.nodes
     interface = {
         "inputs": tuple(
             (k, () if new[j].shape == old[i].shape else (("reshape", new[j].shape),))
             for k, (i, j) in enumerate(zip(program.inputs, inputs))
         ),
         "outputs": tuple(
-            () if new[value[o]].shape == old[o].shape else (("reshape", old[o].shape),)
-            for o in program.outputs
+            () if new[j].shape == old[o].shape else (("reshape", old[o].shape),)
+            for o, j in zip(program.outputs, outputs)
         ),
     }
-    interface = compose(program.meta.get("interface"), interface)
-    meta = {"name": program.meta.get("name", "region"), "interface": interface}
+    meta = {
+        "name": program.meta.get("name", "region"),
+        "interface": compose(program.meta.get("interface"), interface),
+    }
     return Program.build(new, inputs, outputs, meta)
 
 
@@ -336,7 +340,7 @@ def _flatten(program: Program, lead: tuple[int, ...]) -> Program:
             t = target(n.shape)
             if shapes[0] == t:
                 value[i] = args[0]
-            elif _is_bitcast(shapes[0], t):
+            elif is_bitcast(shapes[0], t):
                 value[i] = add(Node(n.op, args, t, n.dtype, n.params))
             else:
                 raise _Unsupported(n.op)
@@ -362,19 +366,4 @@ def _flatten(program: Program, lead: tuple[int, ...]) -> Program:
             value[i] = add(Node(n.op, args, t, n.dtype, n.params))
         else:
             raise _Unsupported(n.op)
-    outputs = [value[o] for o in program.outputs]
-    interface = {
-        "inputs": tuple(
-            (p, () if new[j].shape == old[i].shape else (("reshape", new[j].shape),))
-            for p, (i, j) in enumerate(zip(program.inputs, inputs))
-        ),
-        "outputs": tuple(
-            () if new[value[o]].shape == old[o].shape else (("reshape", old[o].shape),)
-            for o in program.outputs
-        ),
-    }
-    meta = {
-        "name": program.meta.get("name", "region"),
-        "interface": compose(program.meta.get("interface"), interface),
-    }
-    return Program.build(new, inputs, outputs, meta)
+    return _reshaped(program, new, inputs, [value[o] for o in program.outputs])

@@ -97,12 +97,19 @@ def _step(n: Node) -> tuple[str, tuple[int, ...]]:
     return ("transpose", tuple(n.param("permutation")))
 
 
-def _swapped(shape: Sequence[int]) -> tuple[int, ...]:
+def swapped(shape: Sequence[int]) -> tuple[int, ...]:
+    """`shape` with its last two axes exchanged."""
     return (*shape[:-2], shape[-1], shape[-2])
 
 
-def _swap_perm(rank: int) -> tuple[int, ...]:
+def swap_perm(rank: int) -> tuple[int, ...]:
+    """The permutation exchanging the last two of `rank` axes."""
     return (*range(rank - 2), rank - 1, rank - 2)
+
+
+def is_bitcast(src: Sequence[int], dst: Sequence[int]) -> bool:
+    """Is a reshape from src to dst a bitcast (the same non-unit sizes in the same order)?"""
+    return [d for d in src if d > 1] == [d for d in dst if d > 1]
 
 
 def _is_swap(src: Node, n: Node) -> bool:
@@ -110,8 +117,8 @@ def _is_swap(src: Node, n: Node) -> bool:
     if len(src.shape) < 2 or len(n.shape) != len(src.shape):
         return False
     if n.op == "transpose":
-        return tuple(n.param("permutation")) == _swap_perm(len(n.shape))
-    return n.op == "reshape" and tuple(n.shape) == _swapped(src.shape) and 1 in src.shape[-2:]
+        return tuple(n.param("permutation")) == swap_perm(len(n.shape))
+    return n.op == "reshape" and tuple(n.shape) == swapped(src.shape) and 1 in src.shape[-2:]
 
 
 def _unit_positions(src: Sequence[int], dst: Sequence[int]) -> list[int] | None:
@@ -256,19 +263,19 @@ def _operand_rule(g: _Graph) -> bool:
             Node(
                 "transpose",
                 (a,),
-                _swapped(an.shape),
+                swapped(an.shape),
                 an.dtype,
-                make_params(permutation=_swap_perm(rank)),
+                make_params(permutation=swap_perm(rank)),
             )
         )
-        prod = g.add(Node("matmul", (p, a_t), _swapped(n.shape), n.dtype, n.params))
+        prod = g.add(Node("matmul", (p, a_t), swapped(n.shape), n.dtype, n.params))
         back = g.add(
             Node(
                 "transpose",
                 (prod,),
                 n.shape,
                 n.dtype,
-                make_params(permutation=_swap_perm(len(n.shape))),
+                make_params(permutation=swap_perm(len(n.shape))),
             )
         )
         g.replace(j, back)
@@ -287,9 +294,14 @@ def _unit_rule(g: _Graph) -> bool:
             continue
         pos = _unit_positions(yn.shape, n.shape)
         if pos is None:
-            if _bitcast(yn.shape, n.shape) and all(
-                not g.nodes[a].shape or (g.nodes[a].op == "input" and g.nodes[a].shape == yn.shape)
-                for a in yn.args
+            if (
+                tuple(yn.shape) != tuple(n.shape)
+                and is_bitcast(yn.shape, n.shape)
+                and all(
+                    not g.nodes[a].shape
+                    or (g.nodes[a].op == "input" and g.nodes[a].shape == yn.shape)
+                    for a in yn.args
+                )
             ):  # a bitcast of an elementwise value of inputs: the inputs take the layout
                 args = tuple(
                     a
@@ -319,11 +331,6 @@ def _unit_rule(g: _Graph) -> bool:
         g.replace(j, new)
         return True
     return False
-
-
-def _bitcast(src: Sequence[int], dst: Sequence[int]) -> bool:
-    """Is a reshape from src to dst a bitcast (the same non-unit sizes in the same order)?"""
-    return tuple(src) != tuple(dst) and [d for d in src if d > 1] == [d for d in dst if d > 1]
 
 
 def _collapse_rule(g: _Graph) -> bool:
@@ -362,16 +369,16 @@ def _column_rule(g: _Graph) -> bool:
         if len(an.shape) != len(bn.shape) or an.shape[-2] == 1:
             continue
         rank = len(an.shape)
-        at = g.new_input(_swap_like(an), a, ("transpose", _swap_perm(rank)))
-        row = g.add(Node("reshape", (b,), _swapped(bn.shape), bn.dtype, make_params()))
-        prod = g.add(Node("matmul", (row, at), _swapped(n.shape), n.dtype, n.params))
+        at = g.new_input(_swap_like(an), a, ("transpose", swap_perm(rank)))
+        row = g.add(Node("reshape", (b,), swapped(bn.shape), bn.dtype, make_params()))
+        prod = g.add(Node("matmul", (row, at), swapped(n.shape), n.dtype, n.params))
         g.replace(j, g.add(Node("reshape", (prod,), n.shape, n.dtype, make_params())))
         return True
     return False
 
 
 def _swap_like(n: Node) -> Node:
-    return Node(n.op, n.args, _swapped(n.shape), n.dtype, n.params)
+    return Node(n.op, n.args, swapped(n.shape), n.dtype, n.params)
 
 
 def _sink_rule(g: _Graph) -> bool:
@@ -390,7 +397,9 @@ def _sink_rule(g: _Graph) -> bool:
         if len(src_shape) != 1 or any(tuple(g.nodes[a].shape) != n.shape for a in shaped):
             continue
         (shape,) = src_shape
-        if not _bitcast(shape, n.shape) or _unit_positions(shape, n.shape) is not None:
+        if shape == tuple(n.shape) or not is_bitcast(shape, n.shape):
+            continue
+        if _unit_positions(shape, n.shape) is not None:
             continue
         if all(g.nodes[s].op == "input" for s in srcs):
             continue

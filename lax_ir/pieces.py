@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 
 from scipy.cluster.hierarchy import DisjointSet
 
+from lax_ir.layouts import is_bitcast
 from lax_ir.ops import ELEMENTWISE, SHAPE_OPS
 from lax_ir.program import Program
 
@@ -49,7 +50,7 @@ def restructures(program: Program, i: int) -> bool:
     n = program.nodes[i]
     src = program.nodes[n.args[0]].shape if n.args else ()
     if n.op == "reshape":
-        return [d for d in src if d > 1] != [d for d in n.shape if d > 1]
+        return not is_bitcast(src, n.shape)
     if n.op == "transpose":
         kept = [p for p in n.param("permutation") if src[p] > 1]
         return kept != sorted(kept)

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 import lax_ir
-from lax_ir.layouts import adapt
+from lax_ir.layouts import adapt, swap_perm, swapped
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
 
@@ -156,7 +156,7 @@ def region_kernel(
         return [_as(outs[i], d) for i, d in zip(order, out_dtypes)]
 
     specs = [
-        jax.ShapeDtypeStruct((*s[:-2], s[-1], s[-2]) if k in views else s, d)
+        jax.ShapeDtypeStruct(swapped(s) if k in views else s, d)
         for k, (s, d) in enumerate(program.input_avals)
     ]
     try:
@@ -189,17 +189,13 @@ def stored_transposed(program: Any, backend: str) -> frozenset[int]:
     µGraph reads as Wᵀ, equinox's and Gemma's layouts, a cache read as Kᵀ), where the backend
     reads such views in place (`VIEWS`: Triton); XLA no longer copies them on every call."""
     interface = program.meta.get("interface")
-    mod = backends.get(backend).module
-    if (
-        interface is None
-        or mod is None
-        or not getattr(backends.get(backend).load(), "VIEWS", False)
-    ):
+    b = backends.get(backend)
+    if interface is None or b.module is None or not getattr(b.load(), "VIEWS", False):
         return frozenset()
     out = set()
     for k, (_, ops) in enumerate(interface["inputs"]):
         rank = len(program.input_avals[k][0])
-        swap = (*range(rank - 2), rank - 1, rank - 2)
+        swap = swap_perm(rank)
         if rank >= 2 and ops and ops[-1][0] == "transpose" and tuple(ops[-1][1]) == swap:
             out.add(k)
     return frozenset(out)

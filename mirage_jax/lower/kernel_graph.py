@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from lax_ir import FloatAlgebra
+from lax_ir.layouts import swapped
 from mirage_jax.lower import backends
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
 from mirage_jax.lower.registry import LoweringError
@@ -130,9 +131,7 @@ def lower(
         stored: dict[tuple[int, int], jax.Array] = {}  # inputs as they arrived, transposed
         for pos, i in enumerate(inputs):
             x = jnp.asarray(args[pos])
-            want = tuple(avals[pos][0])
-            if pos in views:
-                want = (*want[:-2], want[-1], want[-2])
+            want = swapped(avals[pos][0]) if pos in views else tuple(avals[pos][0])
             if tuple(x.shape) != want:
                 raise TypeError(f"input {pos}: shape {x.shape}, expected {want}")
             x = x.astype(avals[pos][1])

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from lax_ir.layouts import swapped
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
@@ -325,8 +326,7 @@ def _tile_access(dims, pids: list[str], view: bool = False) -> tuple[str, str, s
     read as Kᵀ): the same logical tile, read through the stored array's strides."""
     sizes = tuple(d.size for d in dims)
     if view:
-        stored = _strides((*sizes[:-2], sizes[-1], sizes[-2]))
-        strides = (*stored[:-2], stored[-1], stored[-2])
+        strides = swapped(_strides(swapped(sizes)))
     else:
         strides = _strides(sizes)
     pads = tuple(d.pad for d in dims)
