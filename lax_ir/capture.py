@@ -100,9 +100,10 @@ def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Program:
         "origins": tuple(frozenset(o) for o in builder.origins),
     }
     program = Program.build(builder.nodes, in_ids, out_ids, meta)
+    from lax_ir.attention_layout import canonical_attention
     from lax_ir.partition import mark_softmax_shifts
 
-    return mark_softmax_shifts(program)
+    return canonical_attention(mark_softmax_shifts(program))
 
 
 class _Builder:

@@ -35,7 +35,9 @@ def _ops(part: lax_ir.Partition, op: str) -> list[int]:
     return [i for i, n in part.program.ops() if n.op == op]
 
 
-@pytest.mark.parametrize("name", ["llama_decode_nnx", "llama_decode_eqx", "gpt2_prefill"])
+@pytest.mark.parametrize(
+    "name", ["llama_decode_nnx", "llama_decode_eqx", "gemma_decode", "gpt2_prefill"]
+)
 def test_decoder_block_pieces(name: str) -> None:
     """Attention core in one region; each norm with the projections after it; the MLP's
     gate/up projections with their activation in one region; no region over 3 matmuls."""
@@ -153,14 +155,19 @@ def test_pieces_rebuild_matches_jax(name: str) -> None:
 
 
 ACTIVATIONS = ("logistic", "tanh", "erf")
-PIECES = [
-    (name, kind, "tiny")
-    for name in ("llama_decode_nnx", "llama_decode_eqx", "gemma_decode", "gpt2_prefill")
-    for kind in ("norm_qkv", "norm_mlp", "proj_residual", "attention")
-    if (name, kind) != ("gemma_decode", "attention")  # its einsum layouts still cut it
-] + [  # float16 weights with float32 norms
-    ("llama_decode_nnx", kind, "realistic") for kind in ("norm_qkv", "norm_mlp", "attention")
-]
+PIECES = (
+    [
+        (name, kind, "tiny")
+        for name in ("llama_decode_nnx", "llama_decode_eqx", "gemma_decode", "gpt2_prefill")
+        for kind in ("norm_qkv", "norm_mlp", "proj_residual", "attention")
+    ]
+    + [  # jax.nn.dot_product_attention: prefill, causal prefill, decode
+        (name, "attention", "tiny") for name in ("sdpa", "sdpa_causal", "sdpa_decode")
+    ]
+    + [  # float16 weights with float32 norms
+        ("llama_decode_nnx", kind, "realistic") for kind in ("norm_qkv", "norm_mlp", "attention")
+    ]
+)
 
 
 def _role(ops: list[str]) -> str:
@@ -177,7 +184,8 @@ def test_block_pieces_get_verified_mugraphs(name: str, kind: str, size: str) -> 
     """The search returns verified µGraphs for a decoder block's norm + projections, norm +
     MLP up-projection with its activation (SwiGLU, erf GELU, tanh GELU), projection +
     residual and attention (QKᵀ, scale, mask, stable softmax, PV) pieces, in flax nnx,
-    equinox (`W @ x`, grouped scores with a unit axis), Gemma ((1 + w) gains) and GPT-2
+    equinox (`W @ x`, grouped scores with a unit axis), Gemma ((1 + w) gains, einsum
+    attention) and GPT-2
     (LayerNorm, biases, prefill with a causal mask), at tiny size, and the Llama block at
     realistic size (float16)."""
     part = _part(name, size)
@@ -228,7 +236,9 @@ def test_benchmark_regions_match_the_recorded_hashes() -> None:
     assert not changed, f"benchmark regions changed: {changed}"
 
 
-@pytest.mark.parametrize("name", ["llama_decode_nnx", "llama_decode_eqx", "gpt2_prefill"])
+@pytest.mark.parametrize(
+    "name", ["llama_decode_nnx", "llama_decode_eqx", "gemma_decode", "gpt2_prefill"]
+)
 def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str) -> None:
     """mirage_jax.jit (Pallas interpret) on a tiny decoder block (flax nnx, equinox, GPT-2):
     at least three fused kernels, the attention one of them (a mask's fill is a value the

@@ -1,0 +1,105 @@
+"""Attention written with einsums (any layout of scores and probabilities) becomes one region in
+the ``[batch..., rows, keys]`` layout, with the same values (`lax_ir.attention_layout`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lax_ir
+from lax_ir.attention_layout import canonical_attention
+
+B, T, S, K, G, H = 2, 3, 8, 2, 2, 4
+
+
+def _softmax(x: jax.Array, axis: int) -> jax.Array:
+    return jax.nn.softmax(x, axis=axis)
+
+
+def gqa_rows(q, k, v):
+    """Gemma-style: scores BKGTS, softmax over S, back to BTKGH."""
+    s = jnp.einsum("btkgh,bskh->bkgts", q, k) * 0.5
+    return jnp.einsum("bkgts,bskh->btkgh", _softmax(s, -1), v)
+
+
+def gqa_columns(q, k, v):
+    """Scores with the keys before the queries (BKSGT), softmax over S (not the last axis)."""
+    s = jnp.einsum("bskh,btkgh->bksgt", k, q)
+    return jnp.einsum("bksgt,bskh->btkgh", _softmax(s, 2), v)
+
+
+def heads_last(q, k, v):
+    """Scores laid out with the heads last (BTSKG), softmax over S."""
+    s = jnp.einsum("btkgh,bskh->btskg", q, k)
+    return jnp.einsum("btskg,bskh->bkgth", _softmax(s, 2), v)
+
+
+def masked(q, k, v, m):
+    """An additive mask in the query-major layout, before the softmax."""
+    s = jnp.einsum("btkgh,bskh->btkgs", q, k) + m
+    return jnp.einsum("btkgs,bskh->btkgh", _softmax(s, -1), v)
+
+
+def _args(fn):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((B, T, K, G, H), np.float32)
+    k = rng.standard_normal((B, S, K, H), np.float32)
+    v = rng.standard_normal((B, S, K, H), np.float32)
+    if fn is masked:
+        return q, k, v, rng.standard_normal((B, T, K, G, S), np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("fn", [gqa_rows, gqa_columns, heads_last, masked])
+def test_einsum_attention_is_one_region_with_the_same_values(fn) -> None:
+    args = _args(fn)
+    program = lax_ir.capture(fn, *args)
+    part = lax_ir.partition(program)
+    (exp,) = [i for i, n in program.ops() if n.op == "exp"]
+    region = part.region_of(exp)
+    assert region is not None
+    assert sum(program.nodes[i].op == "matmul" for i in region.nodes) == 2
+    inner = region.program  # layout steps moved to its interface: none left inside
+    assert not [n.op for _, n in inner.ops() if n.op == "transpose"], inner.pretty()
+    got = jax.jit(lax_ir.rebuild(part))(*args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_over_a_query_axis_is_left_alone() -> None:
+    """A softmax over the query tokens is not an attention core: the program is unchanged."""
+
+    def fn(q, k, v):
+        s = jnp.einsum("btkgh,bskh->bkgts", q, k)
+        return jnp.einsum("bkgts,bskh->btkgh", _softmax(s, 3), v)
+
+    args = _args(fn)
+    program = lax_ir.capture(fn, *args)
+    assert canonical_attention(program) == program
+    got = lax_ir.evaluate(program, *args)[0]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_rewrite_keeps_the_result_in_the_traced_jaxpr() -> None:
+    """The relaid PV result takes the original's place (`origins`), so a kernel can be put
+    there; the layout steps the rewrite made have none."""
+    args = _args(gqa_rows)
+    program = lax_ir.capture(gqa_rows, *args)
+    origins = program.meta["origins"]
+    (out,) = program.outputs
+    assert origins[out]
+    made = [i for i, n in program.ops() if n.op == "transpose" and not origins[i]]
+    assert made, "the rewrite's own layout steps have no place in the jaxpr"
+
+
+def test_column_form_attention_gets_a_verified_mugraph() -> None:
+    """The keys-before-queries scores, once relaid, are searched like any attention."""
+    from mirage_jax.search import Budget, search
+
+    args = _args(gqa_columns)
+    program = lax_ir.capture(gqa_columns, *args)
+    (exp,) = [i for i, n in program.ops() if n.op == "exp"]
+    region = lax_ir.partition(program).region_of(exp)
+    res = search(region.program, budget=Budget(time_s=60), seed=0, workers=1)
+    assert res.best is not None, (res.stop_reason, res.message)
