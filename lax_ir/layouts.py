@@ -18,6 +18,9 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
 - **unit axes**: a reshape that only inserts size-1 axes into an elementwise result is applied
   to the operands instead (right-aligned broadcasting keeps their meaning), until it reaches
   the inputs.
+- **transposed operand**: `W @ xᵀ`, W an input and x computed (equinox's `weight @ x` vmapped
+  over rows), is `(x Wᵀ)ᵀ`; the result's transpose then moves past unit-inserting reshapes and
+  elementwise ops (an input operand transposed back at the interface) to the outputs.
 
 The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...)}`,
 ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("scale", c) steps: canonical input k is the
@@ -377,6 +380,89 @@ def _column_rule(g: _Graph) -> bool:
     return False
 
 
+def _transposed_operand_rule(g: _Graph) -> bool:
+    """`W @ xᵀ`, W an input and xᵀ the last-two swap of a computed value (equinox's
+    `weight @ x` vmapped over rows), is `(x Wᵀ)ᵀ`: Wᵀ is W transposed before the call, and
+    the swap of the result moves on towards the outputs (`_lift_rule`, `_sink_transpose_rule`)."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "matmul":
+            continue
+        a, b = n.args
+        an, bn = g.nodes[a], g.nodes[b]
+        if a not in g.inputs or bn.op != "transpose" or len(an.shape) != len(bn.shape):
+            continue
+        x = bn.args[0]
+        if g.nodes[x].op == "input" or not _is_swap(g.nodes[x], bn):
+            continue
+        swap = swap_perm(len(an.shape))
+        at = g.new_input(_swap_like(an), a, ("transpose", swap))
+        prod = g.add(Node("matmul", (x, at), swapped(n.shape), n.dtype, n.params))
+        g.replace(j, g.add(Node("transpose", (prod,), n.shape, n.dtype, _perm(swap))))
+        return True
+    return False
+
+
+def _perm(perm: Sequence[int]) -> tuple[tuple[str, Any], ...]:
+    return make_params(permutation=tuple(perm))
+
+
+def _lift_rule(g: _Graph) -> bool:
+    """A reshape that only inserts unit axes into a transpose of a computed value is a
+    transpose of that value with leading units: the transpose moves towards the outputs."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "reshape" or g.nodes[n.args[0]].op != "transpose":
+            continue
+        tn = g.nodes[n.args[0]]
+        x = tn.args[0]
+        pos = _unit_positions(tn.shape, n.shape)
+        if pos is None or g.nodes[x].op == "input":
+            continue
+        xn, perm = g.nodes[x], iter(p + len(pos) for p in tn.param("permutation"))
+        units = iter(range(len(pos)))  # leading units, which the squeeze then drops
+        new_perm = [next(units) if i in pos else next(perm) for i in range(len(n.shape))]
+        xu = g.add(Node("reshape", (x,), (*[1] * len(pos), *xn.shape), xn.dtype, make_params()))
+        g.replace(j, g.add(Node("transpose", (xu,), n.shape, n.dtype, _perm(new_perm))))
+        return True
+    return False
+
+
+def _sink_transpose_rule(g: _Graph) -> bool:
+    """An elementwise op on transposes (one permutation) of computed values is the op on those
+    values, transposed after; an input operand of the op's shape is transposed back at the
+    interface."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op not in ELEMENTWISE:
+            continue
+        shaped = [a for a in n.args if g.nodes[a].shape]
+        moved = [a for a in shaped if g.nodes[a].op == "transpose"]
+        perms = {tuple(g.nodes[a].param("permutation")) for a in moved}
+        if len(perms) != 1 or any(tuple(g.nodes[a].shape) != tuple(n.shape) for a in shaped):
+            continue
+        if any(a not in moved and a not in g.inputs for a in shaped):
+            continue
+        if all(g.nodes[g.nodes[a].args[0]].op == "input" for a in moved):
+            continue
+        (perm,) = perms
+        inverse = tuple(int(k) for k in np.argsort(perm))
+        inner_shape = tuple(n.shape[k] for k in inverse)
+        args = []
+        for a in n.args:
+            if a in moved:
+                args.append(g.nodes[a].args[0])
+            elif a in shaped:
+                like = Node("input", (), inner_shape, g.nodes[a].dtype)
+                args.append(g.new_input(like, a, ("transpose", inverse)))
+            else:
+                args.append(a)
+        inner = g.add(Node(n.op, tuple(args), inner_shape, n.dtype, n.params))
+        g.replace(j, g.add(Node("transpose", (inner,), n.shape, n.dtype, _perm(perm))))
+        return True
+    return False
+
+
 def _swap_like(n: Node) -> Node:
     return Node(n.op, n.args, swapped(n.shape), n.dtype, n.params)
 
@@ -473,7 +559,8 @@ def hoist_layouts(program: Program) -> Program:
     for _ in range(MAX_STEPS):
         rules = (
             _collapse_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule, _input_rule,
-            _output_rule, _scale_rule, _broadcast_rule,
+            _output_rule, _scale_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
+            _sink_transpose_rule,
         )  # fmt: skip
         if not any(rule(g) for rule in rules):
             break

@@ -275,3 +275,16 @@ def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str) -> None
     vm = jax.vmap(lambda x: jax.tree_util.tree_leaves(f(params, x, *rest))[0])(xs)
     vw = jax.vmap(lambda x: jax.tree_util.tree_leaves(m.fn(params, x, *rest))[0])(xs)
     np.testing.assert_allclose(np.asarray(vm), np.asarray(vw), rtol=2e-5, atol=2e-5)
+
+
+def test_vmapped_equinox_mlp_reads_rows() -> None:
+    """Equinox's `weight @ x` vmapped over a batch computes `W @ xnᵀ` on the normed rows: the
+    region reads Wᵀ (transposed before the call), its transposes leave through the interface,
+    and the norm + gate/up region gets a verified µGraph."""
+    m = M.get("llama_decode_eqx", batch=8, size="tiny")
+    part = lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
+    p = part.program
+    (region,) = [r for r in part.regions if _role([p.nodes[i].op for i in r.nodes]) == "norm_mlp"]
+    assert not [n.op for _, n in region.program.ops() if n.op == "transpose"]
+    res = search(region.program, budget=Budget(time_s=60), seed=0, workers=1)
+    assert res.best is not None, (res.stop_reason, res.message)
