@@ -9,8 +9,8 @@ maximal regions are formed, `refine`:
 1. demotes layout ops to XLA (they become residual ops, with a reason): every reshape or
    transpose that restructures non-unit dimensions (a head split, a head merge, `k.T`), and
    every reshape/transpose/broadcast at a region's edge (reading only values from outside the
-   region, or read only from outside it), and a concatenation of values from outside (rotary
-   embeddings' rotate-half, with the negation feeding it). XLA runs them as bitcasts or copies;
+   region, or read only from outside it), and every concatenation (rotary embeddings'
+   rotate-half; the µGraph has none), with a negation feeding it from outside. XLA runs them as bitcasts or copies;
    the region then reads and writes plain row-major tensors;
 2. cuts a region with more matmuls than one kernel plan covers (`MAX_MATMULS`) at the end of
    each GEMM group's epilogue: a group is the matmuls that read the same activation (q/k/v, or
@@ -42,6 +42,7 @@ LAYOUT = ("reshape", "transpose", "broadcast_in_dim")
 MAX_MATMULS = 3
 """A region with more matmuls than this is cut at GEMM-group boundaries."""
 _DEMOTED = "a layout op at a region's edge or restructuring dimensions: runs in XLA"
+_CONCAT = "a concatenation (the search has none): runs in XLA"
 _RESTRUCTURES = "a {op} that splits, merges or reorders non-unit dimensions: runs in XLA"
 
 
@@ -87,6 +88,9 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
         for i in group
         if nodes[i].op in LAYOUT and restructures(program, i) and placed(i, *nodes[i].args)
     }
+    out.update(  # the µGraph has no concatenation: rotary's rotate-half joins its halves in XLA
+        (i, _CONCAT) for i in group if nodes[i].op == "concatenate" and placed(i, *nodes[i].args)
+    )
     inside -= set(out)
     outputs = set(program.outputs)
     changed = True
