@@ -237,9 +237,16 @@ def test_benchmark_regions_match_the_recorded_hashes() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["llama_decode_nnx", "llama_decode_eqx", "gemma_decode", "gpt2_prefill"]
+    ("name", "least"),
+    [
+        ("llama_decode_nnx", 3),
+        ("llama_decode_eqx", 3),
+        ("gemma_decode", 3),
+        ("gpt2_prefill", 3),
+        ("sdpa_causal", 1),  # jax.nn.dot_product_attention: the attention alone
+    ],
 )
-def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str) -> None:
+def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str, least: int) -> None:
     """mirage_jax.jit (Pallas interpret) on a tiny decoder block (flax nnx, equinox, GPT-2):
     at least three fused kernels, the attention one of them (a mask's fill is a value the
     capture made, derived from the jaxpr's own values at the call), and values, jax.grad and
@@ -251,7 +258,7 @@ def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str) -> None
     f = mirage_jax.jit(m.fn, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=2)
     got = f(*case.args)
     kernels = [d for d in f.last.decisions if d.status == "kernel"]
-    assert len(kernels) >= 3, [(d.index, d.status, d.reason[:80]) for d in f.last.decisions]
+    assert len(kernels) >= least, [(d.index, d.status, d.reason[:80]) for d in f.last.decisions]
     part = lax_ir.partition(lax_ir.capture(m.fn, *case.args))
     (exp,) = [i for i, n in part.program.ops() if n.op == "exp"]
     attention = part.region_of(exp).index
