@@ -1,0 +1,73 @@
+"""One region of a real model: its µGraphs, each lowered and timed on the GPU against XLA.
+
+For looking into a region whose kernels lose (issue 16): the search's candidates in the cost
+model's order, with the model's estimate beside the measured device time per call
+(`mirage_jax.profile.time_trace`) for each backend, and XLA's time for the region, in one run.
+
+    python -m experiments.region_probe llama_decode_nnx --size realistic --batch 8 \
+        --region 2 --backends triton pallas --top 8 --out experiments/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+from pathlib import Path
+
+import jax
+
+import lax_ir
+from experiments import models as M
+from mirage_jax.search import Budget, search
+from mirage_jax.search.cost import estimate
+from mirage_jax.select import select
+
+
+def probe(name: str, size: str, batch: int, region: int, backends: list[str], top: int) -> dict:
+    """Search region `region` of model `name` and time its first `top` µGraphs per backend."""
+    m = M.get(name, batch=batch, size=size)
+    part = lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
+    program = part.regions[region].program
+    res = search(program, budget=Budget(time_s=60), seed=0)
+    rows = {"program": program.pretty(), "stop": res.stop_reason, "candidates": []}
+    for g in res.mugraphs[:top]:
+        cost = estimate(g)
+        rows["candidates"].append(
+            {"structure": g.meta.get("structure"), "estimate_us": round(cost.seconds * 1e6, 2)}
+        )
+    for backend in backends:
+        sel = select(res, program, backend=backend, top=top)
+        rows[backend] = [
+            {"label": c.label, "us": c.us, "estimate_us": c.estimate_us, "error": c.error[:200]}
+            for c in sel.contenders
+        ]
+        print(backend, json.dumps(rows[backend], indent=1), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("--size", default="realistic")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--region", type=int, required=True)
+    p.add_argument("--backends", nargs="*", default=["triton", "pallas"])
+    p.add_argument("--top", type=int, default=8)
+    p.add_argument("--out", default="experiments/results")
+    args = p.parse_args(argv)
+    doc = {
+        "date": _dt.date.today().isoformat(),
+        "device": str(jax.devices()[0].device_kind),
+        "jax": jax.__version__,
+        "args": vars(args),
+        "result": probe(args.model, args.size, args.batch, args.region, args.backends, args.top),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{args.model}_{args.size}_b{args.batch}_r{args.region}"
+    (out / f"region_probe_{tag}.json").write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
