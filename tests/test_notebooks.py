@@ -60,6 +60,7 @@ def test_notebooks_exist():
         "02_mugraphs.ipynb",
         "03_search.ipynb",
         "04_paper_figures.ipynb",
+        "05_real_models.ipynb",
     ]
 
 

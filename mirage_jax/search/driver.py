@@ -216,6 +216,9 @@ def search(
         if pool is not None:
             pool.shutdown(cancel_futures=True)
         if run.bar is not None:
+            # the total is an estimate (pruned tasks end early, pre-defined kernels add tasks):
+            # a notebook's bar left short of it would turn red and stay, so it ends full
+            run.bar.total = run.bar.n
             run.bar.close()
     stats, counters, accepted = run.stats, run.counters, run.accepted
     stop_reason = run.stop_reason
@@ -530,7 +533,8 @@ def _progress_bar(progress: bool | None, total: int):
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     if not progress:
         return None
-    from tqdm import tqdm
+    # tqdm.auto: a widget in Jupyter, text on a terminal (as mirage_jax.jit's own bar)
+    from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="µGraph search", unit="task", file=sys.stderr, leave=False)
 
