@@ -43,7 +43,7 @@ from mirage_jax.log import times as log_times
 from mirage_jax.lower import backends
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
-from mirage_jax.regions import eagerly, region_kernel
+from mirage_jax.regions import eagerly, region_avals, region_kernel
 from mirage_jax.regions import effective_backend as effective_backend
 from mirage_jax.regions import gpu_default_backend as gpu_default_backend
 from mirage_jax.regions import lower_mugraph as lower_mugraph
@@ -347,7 +347,7 @@ class MirageJit:
             progress = self.opts.progress
             disable = None if progress is None else not progress  # None: only on a terminal
             for region in tqdm(misses, desc="mirage_jax search", unit="region", disable=disable):
-                found[region.index] = resolver.search(region)
+                found[region.index] = resolver.search(region, region_avals(part, region))
         for region in pending:
             decision = found[region.index] or xla_decision(
                 region, "not in the cache (search='cached')"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 import lax_ir
 from lax_ir.layouts import adapt, swap_perm, swapped
@@ -55,20 +56,24 @@ class SearchOutcome:
     cacheable: bool = True  # False where a failure may not recur (nothing lowered, say)
 
 
-def search_region(program: Any, opts: Any, backend: str) -> SearchOutcome:
+def search_region(
+    program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+) -> SearchOutcome:
     """Search µGraphs for one region and select the fastest verified one, or XLA.
 
     `mirage_jax.select` chooses: each candidate is verified again at full size (the
     record keeps the output matching) and must pass a float64 check (`FLOAT_TOL`). On a GPU
     the top `time_top` (option, default 4) are timed against XLA, which wins ties. Without a
     GPU (pallas-interpret, reference) nothing is timed: the cost model's best that passes wins.
+    With the region's own input `avals` (shape, dtype), a region with layout steps at its
+    interface is timed as its function calls it: those steps included (`select.InContext`).
     """
     try:
         from mirage_jax import search as search_mod
     except ImportError as e:
         raise SearchUnavailable(f"mirage_jax.search is not available ({e})") from e
 
-    return eagerly(_search_and_select, search_mod, program, opts, backend)
+    return eagerly(_search_and_select, search_mod, program, opts, backend, avals)
 
 
 def eagerly(fn: Callable[..., Any], *args: Any) -> Any:
@@ -80,7 +85,34 @@ def eagerly(fn: Callable[..., Any], *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -> SearchOutcome:
+def region_avals(part: Any, region: Any) -> list[tuple[tuple[int, ...], str]]:
+    """The (shape, dtype) of each of `region`'s own inputs in its partition's program."""
+    nodes = part.program.nodes
+    return [(tuple(nodes[i].shape), nodes[i].dtype) for i in region.inputs]
+
+
+def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) -> Any:
+    """`select.InContext` for a region whose interface has layout steps: random inputs of the
+    region's own `avals`, XLA and kernels wrapped in the steps (`adapt`), kernels reading the
+    inputs stored transposed in place (`stored_transposed`) as `region_kernel` does."""
+    from mirage_jax.select import InContext
+
+    views = stored_transposed(program, backend)
+
+    def inputs(seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(opts.seed + seed)
+        return [(rng.standard_normal(s) * 0.25).astype(d) for s, d in avals]
+
+    return InContext(
+        inputs=inputs,
+        wrap=lambda fn, kernel: adapt(fn, program, stored=views if kernel else frozenset()),
+        lower=lambda g, backend: lower_mugraph(g, backend, opts.lower_config, views),
+    )
+
+
+def _search_and_select(
+    search_mod: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+) -> SearchOutcome:
     from mirage_jax.cache import mugraph_to_json
     from mirage_jax.select import FLOAT_TOL, random_inputs, select
 
@@ -110,6 +142,11 @@ def _search_and_select(search_mod: Any, program: Any, opts: Any, backend: str) -
         verify_trials=3,
         seed=opts.seed,
         strict=opts.strict,
+        context=(
+            in_context(program, opts, backend, avals)
+            if timed and avals is not None and program.meta.get("interface")
+            else None
+        ),
     )
     t = {"device": device_kind(), "search": result.message}
     if timed and sel.passed:

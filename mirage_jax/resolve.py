@@ -7,7 +7,7 @@ or searched verified µGraph, or XLA with the reason. Used by `mirage_jax.api.Mi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,10 +81,11 @@ class Resolver:
             owner._memo[key] = decision
         return decision
 
-    def search(self, region: Any) -> RegionDecision:
-        """Search the region and store the result (an XLA decision if it cannot run)."""
+    def search(self, region: Any, avals: Sequence[tuple] | None = None) -> RegionDecision:
+        """Search the region and store the result (an XLA decision if it cannot run); with the
+        region's own input `avals`, candidates are timed as the function calls the region."""
         key = self.key(region)
-        decision = self._search(region, key)
+        decision = self._search(region, key, avals)
         self.owner._memo[key] = decision
         return decision
 
@@ -122,10 +123,10 @@ class Resolver:
             region, entry, mugraph, "cache", "cached verified µGraph", f"cached: {why_xla}"
         )
 
-    def _search(self, region: Any, key: str) -> RegionDecision:
+    def _search(self, region: Any, key: str, avals: Sequence[tuple] | None) -> RegionDecision:
         owner = self.owner
         try:
-            found = search_region(region.program, owner.opts, self.backend)
+            found = search_region(region.program, owner.opts, self.backend, avals)
         except SearchUnavailable as e:
             fallback(
                 "search-unavailable",

@@ -57,6 +57,18 @@ def timing_order(mugraphs: Sequence[MuGraph], top: int | None) -> list[tuple[int
 
 
 @dataclass(frozen=True)
+class InContext:
+    """How to time a region as its function calls it: its own inputs (`inputs(seed)`, before
+    the interface's layout steps), and each contender wrapped in those steps (`wrap(fn,
+    kernel)`: XLA fuses them into its region; a kernel pays them as XLA copies, less those it
+    reads in place), the kernel lowered by `lower(g, backend)` for that."""
+
+    inputs: Callable[[int], Sequence[Any]]
+    wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]
+    lower: Callable[..., Any]
+
+
+@dataclass(frozen=True)
 class Contender:
     """One candidate: a µGraph (or XLA), its time, or why it was dropped."""
 
@@ -159,6 +171,7 @@ def select(
     verify_trials: int | None = None,
     seed: int = 0,
     strict: bool = False,
+    context: InContext | None = None,
 ) -> Selection:
     """Time the `top` best µGraphs of `result` and XLA; return the fastest (XLA wins ties).
 
@@ -183,6 +196,8 @@ def select(
             dropped, and the verdict's output matching orders its outputs for the float check.
         strict: a candidate that fails for any reason but a `LoweringError` (the backend
             cannot build it) or a verdict of "not equal" raises instead of being dropped.
+        context: time XLA and the µGraphs as the function calls the region (`InContext`),
+            interface included; the float check stays on the canonical inputs.
     """
     import jax
 
@@ -195,8 +210,17 @@ def select(
 
         lower = lower_fn
 
-    def run_timer(fn) -> tuple[float, str]:
-        got = timer(fn, inputs)
+    def run_timer(fn, kernel: bool = False, mugraph: MuGraph | None = None, order=None):
+        feed = inputs
+        if context is not None:  # the region as called: its own inputs, the interface's steps
+            feed = context.inputs
+            if kernel:
+                raw = context.lower(mugraph, backend=backend)
+                fn = (lambda *xs: [raw(*xs)[i] for i in order]) if order else raw
+            fn = jax.jit(context.wrap(fn, kernel))
+        elif not kernel:
+            fn = jax.jit(fn)
+        got = timer(fn, feed)
         return got if isinstance(got, tuple) else (float(got), "")
 
     def tol(dtype: str) -> float:
@@ -204,7 +228,9 @@ def select(
 
     xla_us, method = None, "cost model"
     if timed:
-        xla_us, method = run_timer(jax.jit(lambda *xs: tuple(lax_ir.evaluate(program, *xs))))
+        xla_us, method = run_timer(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
+        if context is not None:
+            method += ", in context (the region's own inputs and layout steps)"
     contenders = [Contender("xla", xla_us)]
     xs = inputs(0)
     reference = [np.asarray(o, np.float64) for o in lax_ir.evaluate_reference(program, *xs)]
@@ -230,7 +256,7 @@ def select(
                 wrong = f"wrong result: {err:.3g}"
                 contenders.append(Contender(label, None, g, wrong, est, err, verdict))
                 continue
-            us = run_timer(fn)[0] if timed else None
+            us = run_timer(fn, True, g, order)[0] if timed else None
         except Exception as e:  # a failure drops the candidate, with the reason
             if strict and not isinstance(e, (LoweringError, NotEqual)):
                 raise

@@ -105,3 +105,53 @@ def test_timing_order_sees_each_structure_before_a_second_tiling() -> None:
     assert [k for k, _ in timing_order(gs, 4)] == [0, 4, 1, 2]
     assert [k for k, _ in timing_order(gs, None)] == [0, 4, 1, 2, 3, 5, 6]
     assert [k for k, _ in timing_order(gs[:2], 4)] == [0, 1]
+
+
+def test_in_context_timing_feeds_the_regions_own_inputs() -> None:
+    """With `InContext`, XLA and every µGraph are timed on the region's own inputs (before the
+    interface's layout steps) and return the region's own outputs; the float check is still on
+    the canonical inputs."""
+    from types import SimpleNamespace
+
+    import lax_ir
+    from experiments import models as M
+    from mirage_jax.regions import in_context, lower_mugraph, region_avals
+    from mirage_jax.search import Budget, search
+    from mirage_jax.select import select
+
+    m = M.get("llama_decode_eqx", batch=1, size="tiny")
+    part = lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
+    region = next(
+        r
+        for r in part.regions
+        if r.program.meta.get("interface")
+        and any(n.op == "matmul" for _, n in r.program.ops())
+        and any(
+            op == "transpose" for _, ops in r.program.meta["interface"]["inputs"] for op, _ in ops
+        )
+    )
+    program, avals = region.program, region_avals(part, region)
+    assert [s for s, _ in avals] != [s for s, _ in program.input_avals]
+    res = search(program, budget=Budget(time_s=60), seed=0, workers=1)
+    assert res.mugraphs
+    opts = SimpleNamespace(seed=0, lower_config=None)
+    own_out = [tuple(part.program.nodes[o].shape) for o in region.outputs]
+    fed = []
+
+    def timer(fn, inputs):
+        xs = inputs(0)
+        fed.append([x.shape for x in xs])
+        assert [tuple(o.shape) for o in fn(*xs)] == own_out
+        return 1.0
+
+    sel = select(
+        res,
+        program,
+        backend="reference",
+        top=2,
+        timer=timer,
+        lower=lambda g, backend: lower_mugraph(g, backend),
+        context=in_context(program, opts, "reference", avals),
+    )
+    assert fed and all(shapes == [s for s, _ in avals] for shapes in fed)
+    assert all(c.error == "" for c in sel.contenders), sel.contenders
