@@ -261,7 +261,7 @@ def search(
 
     # confirm: full-size verification of the best
     t0 = time.perf_counter()
-    kept, failed = _confirm(problem, instances, budget)
+    kept, failed = _confirm(problem, instances, budget, cut_deadline - 0.1 * budget.time_s)
     seconds["verify_full"] = time.perf_counter() - t0
     stats["confirm_failed"] = failed
     seconds["total"] = time.perf_counter() - t_all
@@ -421,10 +421,17 @@ def _loop_tile_class(g: MuGraph) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph], int]:
+def _confirm(
+    problem: Problem, instances, budget: Budget, deadline: float = float("inf")
+) -> tuple[list[MuGraph], int]:
     """Pick `budget.results` instances (the best of every structure first, then the next
     cheapest), order them as returned (`_order`), verify the first `budget.confirm` of that
-    order at full size (a failure drops its structure and the next moves up), return them."""
+    order at full size (a failure drops its structure and the next moves up), return them.
+
+    Once one is confirmed, no verification starts that would end past `deadline` (90% of
+    the search's budget; judged by the last one's time): at prefill sizes each takes seconds
+    (GPT-2 at b=8: 13 s). The rest stay verified on their small instance ("representative");
+    `select` verifies whatever it times at full size again."""
     import fields
 
     firsts: dict[str, int] = {}
@@ -436,15 +443,17 @@ def _confirm(problem: Problem, instances, budget: Budget) -> tuple[list[MuGraph]
     chosen = pool[: budget.results]
     pool = pool[budget.results :]
     checked: dict[int, dict] = {}  # index -> the full verification's record
-    failed = 0
+    failed, last = 0, 0.0
     bad_keys: set[str] = set()
     while True:
         order = _order([(i, instances[i][2]) for i in sorted(chosen)])
         todo = next((i for i in order[: budget.confirm] if i not in checked), None)
-        if todo is None:
+        if todo is None or (checked and time.monotonic() + last > deadline):
             break
         g, key = instances[todo][2], instances[todo][3]
+        t0 = time.monotonic()
         v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
+        last = time.monotonic() - t0
         if v:
             checked[todo] = dict(verified="full", bound=v.bound, trials=v.trials)
             continue
