@@ -377,7 +377,8 @@ def _two_input_region(fn, second=(32, 32)):
 
 def _attention_scores(q, k):
     """Scores against a transposed computed K (a transposed input is moved to the region's
-    interface by `lax_ir.layouts`, so it no longer stops the search)."""
+    interface by `lax_ir.layouts`, so it no longer stops the search; `q (2k)ᵀ` becomes
+    `((2k) qᵀ)ᵀ`, whose transpose a softmax then keeps inside the region)."""
     import jax
 
     return jax.nn.softmax(q @ (2.0 * k).T, axis=-1)
@@ -386,7 +387,7 @@ def _attention_scores(q, k):
 @pytest.mark.parametrize(
     "fn, second, construct",
     [
-        (_attention_scores, (16, 32), "transposed matmul operand"),
+        (_attention_scores, (16, 32), "transpose of a computed value"),
         (lambda x, w: (x - x.mean(-1, keepdims=True)) @ w, (32, 32), "mean-centering"),
         # (a division by a constant is rewritten as a multiplication by its reciprocal now)
         (
@@ -406,4 +407,4 @@ def test_a_region_without_candidates_says_what_stopped_the_search():
     program = _two_input_region(_attention_scores, (16, 32))
     r = search(program, budget=Budget(time_s=30), seed=0, progress=False)
     assert not r.mugraphs and r.stop_reason == "no-candidates"
-    assert "transposed matmul operand" in r.message and r.stats["blockers"], r.message
+    assert "transpose of a computed value" in r.message and r.stats["blockers"], r.message

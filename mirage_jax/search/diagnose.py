@@ -94,6 +94,14 @@ def blockers(program: Program) -> list[str]:
                     f"a reshape that merges or splits dimensions (%{i}: "
                     f"{list(nodes[n.args[0]].shape)} -> {list(n.shape)})"
                 )
+        elif n.op == "transpose" and nodes[n.args[0]].op not in ("input", "constant"):
+            src = nodes[n.args[0]].shape
+            kept = [p for p in n.param("permutation") if src[p] > 1]
+            if kept != sorted(kept):
+                found.append(
+                    f"a transpose of a computed value inside the region (%{i}, permutation "
+                    f"{tuple(n.param('permutation'))}): the µGraph has no transpose"
+                )
         elif n.op == "broadcast_in_dim" and nodes[n.args[0]].op != "constant":
             src = nodes[n.args[0]].shape
             dims = tuple(n.param("broadcast_dimensions"))
