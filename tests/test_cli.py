@@ -65,6 +65,53 @@ def test_subcommand_help_is_complete(capsys, argv, words):
         assert w in out, (argv, w)
 
 
+def _option_help(text: str, flag: str) -> str:
+    """The help of one option in a --help text, on one line."""
+    lines = text.splitlines()
+    start = next(k for k, ln in enumerate(lines) if ln.lstrip().startswith(flag + " "))
+    end = next((k for k in range(start + 1, len(lines)) if lines[k].lstrip()[:1] == "-"), None)
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+@pytest.mark.parametrize(
+    "command, flags",
+    [
+        ("optimize", ["--budget-s", "--workers", "--seed", "--backend"]),
+        ("explain", ["--budget-s", "--workers", "--backend", "--search"]),
+        ("bench", ["--batch", "--backend", "--search"]),
+    ],
+)
+def test_help_names_the_defaults(capsys, command, flags):
+    from mirage_jax.api import DEFAULT_BUDGET_S
+    from mirage_jax.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    defaults = {o: a.default for a in sub._actions for o in a.option_strings}
+    if "--budget-s" in flags:
+        assert defaults["--budget-s"] == DEFAULT_BUDGET_S and defaults["--workers"] == 1
+    for flag in flags:
+        assert f"default: {defaults[flag]})" in _option_help(out, flag), (command, flag)
+
+
+def test_explain_passes_the_search_options(capsys, tmp_path, monkeypatch):
+    import mirage_jax
+
+    seen = {}
+    real = mirage_jax.explain
+
+    def spy(f, *args, **kwargs):
+        seen.update(budget_s=f.opts.budget_s, workers=f.opts.workers, search=f.opts.search)
+        return real(f, *args, **kwargs)
+
+    monkeypatch.setattr(mirage_jax, "explain", spy)
+    rc, _, _ = run(capsys, "explain", *RMSNORM, "--cache", str(tmp_path / "c.sqlite"),
+                   "--backend", "reference", "--budget-s", "2.5", "--workers", "2")  # fmt: skip
+    assert rc == 0 and seen == {"budget_s": 2.5, "workers": 2, "search": "cached"}
+
+
 def test_parse_arg_specs_and_literals():
     assert parse_arg("f16[2,4096]") == jax.ShapeDtypeStruct((2, 4096), jnp.float16)
     assert parse_arg("bf16[8]") == jax.ShapeDtypeStruct((8,), jnp.bfloat16)
