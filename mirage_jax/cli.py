@@ -110,17 +110,40 @@ def _explain(args: argparse.Namespace) -> int:
     expl = mirage_jax.explain(jitted, *values, search=args.search)
     print(expl.text(listing=args.listing))
     if out is not None:
-        pictures = expl.svgs()
-        if not pictures:
-            print(f"no region runs a µGraph here, so no picture was written to {out}")
-        for index, svg in pictures.items():
-            path = out / f"region{index}.svg"
-            try:
-                path.write_text(svg, encoding="utf-8")
-            except OSError as e:
-                raise CommandError(f"cannot write {path}: {_os_reason(e)}") from e
-            print(f"wrote {path}")
+        _write_pictures(expl, out)
     return 0
+
+
+def _write_pictures(expl: Any, out: Path) -> None:
+    """region<i>.svg in `out` for each region with a µGraph; a line saying why for the rest."""
+    from mirage_jax.mugraph import to_svg
+
+    drawn = [d for d in expl.decisions if d.mugraph is not None]
+    if not drawn:
+        print(f"no picture was written to {out}: {_why_no_picture(expl)}")
+    for d in drawn:
+        path = out / f"region{d.index}.svg"
+        try:
+            svg = to_svg(d.mugraph)
+        except Exception as e:  # a picture is optional: the report above stands
+            why = f"{type(e).__name__}: {one_line(e)}"
+            print(f"no picture of region {d.index} was written: drawing it failed ({why})")
+            continue
+        try:
+            path.write_text(svg, encoding="utf-8")
+        except OSError as e:
+            raise CommandError(f"cannot write {path}: {_os_reason(e)}") from e
+        print(f"wrote {path}")
+
+
+def _why_no_picture(expl: Any) -> str:
+    record = expl.record
+    if record.error or record.program is None:
+        return "the capture failed, so the function runs as plain XLA"
+    if not expl.decisions:
+        return "the function has no Lax region, so all of it runs as XLA"
+    reasons = "; ".join(f"region {d.index}: {d.reason}" for d in expl.decisions)
+    return one_line(f"no region has a µGraph, all run as XLA ({reasons})", 1000)
 
 
 def _os_reason(e: OSError) -> str:

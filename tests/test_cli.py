@@ -141,6 +141,43 @@ def test_explain_writes_pictures(capsys, filled_cache, tmp_path):
     rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
                      "--backend", "reference", "--svg", str(tmp_path / "svg"))  # fmt: skip
     assert rc == 0 and (tmp_path / "svg" / "region0.svg").exists()
+    assert "<svg" in (tmp_path / "svg" / "region0.svg").read_text()
+    assert f"wrote {tmp_path / 'svg' / 'region0.svg'}" in out
+
+
+def test_explain_svg_says_why_no_picture_was_written(capsys, filled_cache, tmp_path):
+    svg = tmp_path / "svg"
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(tmp_path / "empty.sqlite"),
+                     "--backend", "reference", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and svg.is_dir() and list(svg.iterdir()) == []
+    assert f"no picture was written to {svg}: no region has a µGraph" in out
+    assert "(region 0: not in the cache" in out
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
+                     "--backend", "xla", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and list(svg.iterdir()) == []
+    assert "all run as XLA (region 0: backend='xla')" in out
+    source = tmp_path / "no_lax.py"
+    source.write_text("import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.sort(x)\n")
+    rc, out, _ = run(capsys, "explain", f"{source}:f", "--arg", "f32[8]", "--cache",
+                     str(filled_cache.path), "--backend", "reference", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and list(svg.iterdir()) == []
+    assert "the function has no Lax region" in out
+
+
+def test_explain_svg_says_when_a_picture_cannot_be_drawn(
+    capsys, filled_cache, tmp_path, monkeypatch
+):
+    from mirage_jax import mugraph
+
+    def broken(g):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(mugraph, "to_svg", broken)
+    svg = tmp_path / "svg"
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
+                     "--backend", "reference", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and list(svg.iterdir()) == []
+    assert "no picture of region 0 was written: drawing it failed (RuntimeError: no fonts)" in out
 
 
 def test_optimize_reports_hits_and_says_when_nothing_was_optimised(capsys, filled_cache):
