@@ -1214,8 +1214,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--imported", type=int, help="original's µGraphs kept per benchmark (default 2; --quick: 1)"
     )
-    p.add_argument("--workers", type=int, default=1, help="search worker processes")
-    p.add_argument("--seed", type=int, default=0, help="search and verification seed")
+    p.add_argument(
+        "--workers", type=int, default=1, help="search worker processes (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="search and verification seed (default: %(default)s)"
+    )
     p.add_argument(
         "--reuse",
         nargs="?",
@@ -1238,7 +1242,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--gpu-check",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="lower each kept candidate for CUDA here (jax.export) before planning it",
+        help="lower each kept candidate for CUDA here (jax.export) before planning it "
+        "(default: on)",
     )
     p.add_argument(
         "--triton-candidates",
@@ -1253,10 +1258,24 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=["trace", "chained"],
         help="time phase: timing methods, the first is the headline (default: trace chained)",
     )
-    p.add_argument("--calls", type=int, default=30, help="calls per profiler trace")
-    p.add_argument("--chain", type=int, default=32, help="calls per chained timing program")
-    p.add_argument("--repeats", type=int, default=25, help="timing repeats (median, p10/p90)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
+    p.add_argument(
+        "--calls", type=int, default=30, help="calls per profiler trace (default: %(default)s)"
+    )
+    p.add_argument(
+        "--chain",
+        type=int,
+        default=32,
+        help="calls per chained timing program (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=25,
+        help="timing repeats (median, p10/p90) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=2, help="untimed runs before timing (default: %(default)s)"
+    )
     p.add_argument(
         "--merge",
         metavar="RESULTS",

@@ -31,7 +31,11 @@ ARG_HELP = (
     "(f16, bf16, f32, f64, i32, ... or a numpy name; f32[] is a scalar), or a Python literal "
     "(int, float, string, tuple), which is passed as a static value"
 )
-BACKEND_HELP = "kernel backend: " + backends.describe()
+BACKEND_HELP = "kernel backend: " + backends.describe() + " (default: %(default)s)"
+SEARCH_HELP = (
+    "cached: read the cache only; auto: also search each region missing from it; "
+    "off: plain XLA (default: %(default)s)"
+)
 CACHE_HELP = (
     "the cache database (default: $MIRAGE_JAX_CACHE, else "
     "$XDG_CACHE_HOME/mirage_jax/cache.sqlite, i.e. ~/.cache/mirage_jax/cache.sqlite)"
@@ -94,27 +98,52 @@ def _explain(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CommandError(f"cannot create the picture directory {out}: {_os_reason(e)}") from e
-    expl = mirage_jax.explain(
+    jitted = mirage_jax.jit(
         fn,
-        *values,
-        search=args.search,
         backend=args.backend,
+        search=args.search,
+        budget_s=args.budget_s,
         cache=_open(args),
+        workers=args.workers,
         static_argnums=static_argnums(values) or None,
     )
+    expl = mirage_jax.explain(jitted, *values, search=args.search)
     print(expl.text(listing=args.listing))
     if out is not None:
-        pictures = expl.svgs()
-        if not pictures:
-            print(f"no region runs a µGraph here, so no picture was written to {out}")
-        for index, svg in pictures.items():
-            path = out / f"region{index}.svg"
-            try:
-                path.write_text(svg, encoding="utf-8")
-            except OSError as e:
-                raise CommandError(f"cannot write {path}: {_os_reason(e)}") from e
-            print(f"wrote {path}")
+        _write_pictures(expl, out)
     return 0
+
+
+def _write_pictures(expl: Any, out: Path) -> None:
+    """region<i>.svg in `out` for each region with a µGraph; a line saying why for the rest."""
+    from mirage_jax.mugraph import to_svg
+
+    drawn = [d for d in expl.decisions if d.mugraph is not None]
+    if not drawn:
+        print(f"no picture was written to {out}: {_why_no_picture(expl)}")
+    for d in drawn:
+        path = out / f"region{d.index}.svg"
+        try:
+            svg = to_svg(d.mugraph)
+        except Exception as e:  # a picture is optional: the report above stands
+            why = f"{type(e).__name__}: {one_line(e)}"
+            print(f"no picture of region {d.index} was written: drawing it failed ({why})")
+            continue
+        try:
+            path.write_text(svg, encoding="utf-8")
+        except OSError as e:
+            raise CommandError(f"cannot write {path}: {_os_reason(e)}") from e
+        print(f"wrote {path}")
+
+
+def _why_no_picture(expl: Any) -> str:
+    record = expl.record
+    if record.error or record.program is None:
+        return "the capture failed, so the function runs as plain XLA"
+    if not expl.decisions:
+        return "the function has no Lax region, so all of it runs as XLA"
+    reasons = "; ".join(f"region {d.index}: {d.reason}" for d in expl.decisions)
+    return one_line(f"no region has a µGraph, all run as XLA ({reasons})", 1000)
 
 
 def _os_reason(e: OSError) -> str:
@@ -313,6 +342,26 @@ def _add_function_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arg", "-a", action="append", metavar="SPEC", help=ARG_HELP)
 
 
+def _add_search_args(p: argparse.ArgumentParser, when: str = "", seed: bool = True) -> None:
+    """--budget-s, --seed and --workers, with their defaults (those of `mirage_jax.jit`)."""
+    from mirage_jax.api import DEFAULT_BUDGET_S
+
+    p.add_argument(
+        "--budget-s",
+        type=positive_seconds,
+        default=DEFAULT_BUDGET_S,
+        help=when + "search budget per region, in seconds (> 0; default: %(default)s)",
+    )
+    if seed:
+        p.add_argument("--seed", type=int, default=0, help="search seed (default: %(default)s)")
+    p.add_argument(
+        "--workers",
+        type=at_least_one,
+        default=1,
+        help=when + "search worker processes (>= 1; default: %(default)s)",
+    )
+
+
 def _add_cache_arg(p: argparse.ArgumentParser, default: Any = None) -> None:
     p.add_argument("--cache", metavar="PATH", default=default, help=CACHE_HELP)
 
@@ -342,17 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--arg 'f16[2,4096]' --arg 'f16[4096,6144]'",
     )
     _add_function_args(opt)
-    opt.add_argument(
-        "--budget-s",
-        type=positive_seconds,
-        default=60.0,
-        help="search budget per region, s (> 0; default 60)",
-    )
+    _add_search_args(opt)
     opt.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
-    opt.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
-    opt.add_argument(
-        "--workers", type=at_least_one, default=1, help="search worker processes (>= 1; default 1)"
-    )
     opt.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_cache_arg(opt)
     opt.set_defaults(func=_optimize)
@@ -367,9 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_function_args(exp)
     exp.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
-    exp.add_argument(
-        "--search", choices=SEARCH_MODES, default="cached", help="cached (default), auto or off"
-    )
+    exp.add_argument("--search", choices=SEARCH_MODES, default="cached", help=SEARCH_HELP)
+    _add_search_args(exp, when="with --search auto: ", seed=False)
     exp.add_argument(
         "--listing",
         action=argparse.BooleanOptionalAction,
@@ -389,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("name", help="benchmark name, e.g. rmsnorm, gqa, gated_mlp")
     bench.add_argument(
-        "--batch", "-b", type=at_least_one, default=1, help="batch size b (default 1)"
+        "--batch", "-b", type=at_least_one, default=1, help="batch size b (default: %(default)s)"
     )
     bench.add_argument("--small", action="store_true", help="reduced shapes (fast on a CPU)")
     bench.add_argument(
@@ -406,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", choices=BACKENDS, default="auto", help="for --jit: " + BACKEND_HELP
     )
     bench.add_argument(
-        "--search", choices=SEARCH_MODES, default="cached", help="search mode for --jit"
+        "--search", choices=SEARCH_MODES, default="cached", help="for --jit: " + SEARCH_HELP
     )
     _add_cache_arg(bench)
     bench.set_defaults(func=_bench)

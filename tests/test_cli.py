@@ -65,6 +65,53 @@ def test_subcommand_help_is_complete(capsys, argv, words):
         assert w in out, (argv, w)
 
 
+def _option_help(text: str, flag: str) -> str:
+    """The help of one option in a --help text, on one line."""
+    lines = text.splitlines()
+    start = next(k for k, ln in enumerate(lines) if ln.lstrip().startswith(flag + " "))
+    end = next((k for k in range(start + 1, len(lines)) if lines[k].lstrip()[:1] == "-"), None)
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+@pytest.mark.parametrize(
+    "command, flags",
+    [
+        ("optimize", ["--budget-s", "--workers", "--seed", "--backend"]),
+        ("explain", ["--budget-s", "--workers", "--backend", "--search"]),
+        ("bench", ["--batch", "--backend", "--search"]),
+    ],
+)
+def test_help_names_the_defaults(capsys, command, flags):
+    from mirage_jax.api import DEFAULT_BUDGET_S
+    from mirage_jax.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    defaults = {o: a.default for a in sub._actions for o in a.option_strings}
+    if "--budget-s" in flags:
+        assert defaults["--budget-s"] == DEFAULT_BUDGET_S and defaults["--workers"] == 1
+    for flag in flags:
+        assert f"default: {defaults[flag]})" in _option_help(out, flag), (command, flag)
+
+
+def test_explain_passes_the_search_options(capsys, tmp_path, monkeypatch):
+    import mirage_jax
+
+    seen = {}
+    real = mirage_jax.explain
+
+    def spy(f, *args, **kwargs):
+        seen.update(budget_s=f.opts.budget_s, workers=f.opts.workers, search=f.opts.search)
+        return real(f, *args, **kwargs)
+
+    monkeypatch.setattr(mirage_jax, "explain", spy)
+    rc, _, _ = run(capsys, "explain", *RMSNORM, "--cache", str(tmp_path / "c.sqlite"),
+                   "--backend", "reference", "--budget-s", "2.5", "--workers", "2")  # fmt: skip
+    assert rc == 0 and seen == {"budget_s": 2.5, "workers": 2, "search": "cached"}
+
+
 def test_parse_arg_specs_and_literals():
     assert parse_arg("f16[2,4096]") == jax.ShapeDtypeStruct((2, 4096), jnp.float16)
     assert parse_arg("bf16[8]") == jax.ShapeDtypeStruct((8,), jnp.bfloat16)
@@ -94,6 +141,43 @@ def test_explain_writes_pictures(capsys, filled_cache, tmp_path):
     rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
                      "--backend", "reference", "--svg", str(tmp_path / "svg"))  # fmt: skip
     assert rc == 0 and (tmp_path / "svg" / "region0.svg").exists()
+    assert "<svg" in (tmp_path / "svg" / "region0.svg").read_text()
+    assert f"wrote {tmp_path / 'svg' / 'region0.svg'}" in out
+
+
+def test_explain_svg_says_why_no_picture_was_written(capsys, filled_cache, tmp_path):
+    svg = tmp_path / "svg"
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(tmp_path / "empty.sqlite"),
+                     "--backend", "reference", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and svg.is_dir() and list(svg.iterdir()) == []
+    assert f"no picture was written to {svg}: no region has a µGraph" in out
+    assert "(region 0: not in the cache" in out
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
+                     "--backend", "xla", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and list(svg.iterdir()) == []
+    assert "all run as XLA (region 0: backend='xla')" in out
+    source = tmp_path / "no_lax.py"
+    source.write_text("import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.sort(x)\n")
+    rc, out, _ = run(capsys, "explain", f"{source}:f", "--arg", "f32[8]", "--cache",
+                     str(filled_cache.path), "--backend", "reference", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and list(svg.iterdir()) == []
+    assert "the function has no Lax region" in out
+
+
+def test_explain_svg_says_when_a_picture_cannot_be_drawn(
+    capsys, filled_cache, tmp_path, monkeypatch
+):
+    from mirage_jax import mugraph
+
+    def broken(g):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(mugraph, "to_svg", broken)
+    svg = tmp_path / "svg"
+    rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
+                     "--backend", "reference", "--svg", str(svg))  # fmt: skip
+    assert rc == 0 and list(svg.iterdir()) == []
+    assert "no picture of region 0 was written: drawing it failed (RuntimeError: no fonts)" in out
 
 
 def test_optimize_reports_hits_and_says_when_nothing_was_optimised(capsys, filled_cache):

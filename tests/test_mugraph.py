@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from mirage_jax.mugraph import (
     render,
     to_dot,
     to_json,
+    to_svg,
     to_text,
     validate,
 )
@@ -527,6 +529,106 @@ def test_text_dot_and_pictures(tmp_path):
     assert "<svg" in g._repr_svg_()
     with pytest.raises(ValueError, match="render writes"):
         render(g, tmp_path / "g.txt")
+
+
+def three_kernel_graph(m=4, k=64, n=48, r=16):
+    """rms_norm(X) @ W as a graph-defined kernel, then silu and mul (reading it again, one
+    column later) and a matmul with an input read late: arrows that skip a column of boxes."""
+    kb = MuGraphBuilder()
+    X, W, V = kb.input((m, k)), kb.input((k, n)), kb.input((n, r))
+    b = BlockGraphBuilder((4,), 4)
+    x = b.input((m, k), F16, (None,), 1)
+    w = b.input((k, n), F16, (1,), 0)
+    rms = b.op("accum_rms_last", x)
+    b.output(b.op("div", b.op("accum_sum", b.op("matmul", x, w)), rms), (1,))
+    (y,) = kb.graph_defined([X, W], b.build())
+    o = kb.op("mul", kb.op("silu", y), y)
+    return kb.build([o, kb.op("matmul", o, V), y], name="three_kernels")
+
+
+def _crosses(p, q, box, eps=0.5):
+    """Whether the segment p-q enters box (x, y, w, h), less `eps` at each side."""
+    x, y, w, h = box
+    t0, t1 = 0.0, 1.0
+    dx, dy = q[0] - p[0], q[1] - p[1]
+    for step, room in ((-dx, p[0] - x - eps), (dx, x + w - eps - p[0]),
+                       (-dy, p[1] - y - eps), (dy, y + h - eps - p[1])):  # fmt: skip
+        if step == 0:
+            if room < 0:
+                return False
+        elif step < 0:
+            t0 = max(t0, room / step)
+        else:
+            t1 = min(t1, room / step)
+    return t0 <= t1
+
+
+def test_matplotlib_picture_routes_arrows_around_boxes(tmp_path):
+    from mirage_jax.mugraph.render import layout
+
+    g = three_kernel_graph()
+    lay = layout(g)
+    assert len(lay.edges) == sum(len(op.args) for op in g.ops) + len(g.outputs)
+    straight = [(e[0], e[-1]) for e in lay.edges]
+    assert any(_crosses(p, q, b) for p, q in straight for b in lay.boxes.values())  # the need
+    for points in lay.edges:
+        for p, q in itertools.pairwise(points):
+            for i, box in lay.boxes.items():
+                assert not _crosses(p, q, box), (points, i)
+    assert [text for _, _, text in lay.outputs] == ["out 0", "out 1", "out 2"]
+    for name in ("g.svg", "g.png"):
+        assert render(g, tmp_path / name, engine="matplotlib").stat().st_size > 1000
+    assert "matplotlib" in to_svg(g, engine="matplotlib").lower()
+
+
+def _bezier_points(coords):
+    """Points along a Graphviz spline (control points p0, then three per cubic piece)."""
+    pts = list(zip(coords[::2], coords[1::2], strict=True))
+    for a, b, c, d in zip(pts[:-1:3], pts[1::3], pts[2::3], pts[3::3], strict=True):
+        for t in np.linspace(0, 1, 21):
+            u = 1 - t
+            yield tuple(u**3 * a[j] + 3 * u * u * t * b[j] + 3 * u * t * t * c[j] + t**3 * d[j]
+                        for j in range(2))  # fmt: skip
+
+
+def test_graphviz_picture_routes_arrows_around_boxes(tmp_path):
+    from mirage_jax.mugraph import render_dot
+    from mirage_jax.mugraph.render import picture_dot
+
+    if not render_dot.available():
+        pytest.skip("Graphviz's dot program (or the graphviz package) is not installed")
+    g = three_kernel_graph()
+    boxes, edges = {}, []
+    for line in render_dot.pipe(picture_dot(g), "plain").decode().splitlines():
+        f = line.split()
+        if f[0] == "node":
+            x, y, w, h = map(float, f[2:6])
+            boxes[f[1]] = (x - w / 2, y - h / 2, w, h)
+        elif f[0] == "edge":
+            edges.append((f[1], f[2], list(map(float, f[4 : 4 + 2 * int(f[3])]))))
+    assert len(edges) == sum(len(op.args) for op in g.ops) + len(g.outputs)
+    for tail, head, coords in edges:
+        for x, y in _bezier_points(coords):
+            for name, box in boxes.items():
+                if name not in (tail, head):
+                    assert not _crosses((x, y), (x, y), box, eps=0.02), (tail, head, name)
+    svg = to_svg(g, engine="graphviz")
+    assert "graphviz" in svg and "graph_defined" in svg and "accum_rms_last" in svg
+    for name in ("g.svg", "g.png", "g.pdf"):
+        assert render(g, tmp_path / name, engine="graphviz").stat().st_size > 1000
+
+
+def test_picture_engines(monkeypatch):
+    from mirage_jax.mugraph import render_dot
+
+    g = three_kernel_graph()
+    with pytest.raises(ValueError, match="engine must be one of"):
+        to_svg(g, engine="cairo")
+    monkeypatch.setattr(render_dot.shutil, "which", lambda name: None)
+    assert not render_dot.available()
+    with pytest.raises(RuntimeError, match="dot program"):
+        to_svg(g, engine="graphviz")
+    assert "matplotlib" in to_svg(g).lower()  # auto: matplotlib where Graphviz is missing
 
 
 def test_mugraph_equality_ignores_meta():

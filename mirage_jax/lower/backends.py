@@ -84,7 +84,8 @@ BACKENDS: dict[str, Backend] = {
 """The backends `lower()` accepts."""
 
 CHOICES: dict[str, str] = {
-    "auto": "Triton (jax-triton) on a GPU, else Pallas; XLA without a GPU (default)",
+    "auto": "on a GPU Triton through jax-triton where it is installed, else Pallas; XLA "
+    "without a GPU",
     **{name: b.description for name, b in BACKENDS.items()},
     "xla": "never replace a region",
 }

@@ -1,17 +1,22 @@
 """Rendering µGraphs for people: a text listing, a Graphviz dot export, and an SVG/PNG picture.
 
-The picture is drawn with matplotlib (no Graphviz binary is needed): kernel ops in columns by
-depth, arrows for kernel tensors, each graph-defined kernel a box with its block graph inside
+The picture: each kernel op a box, each graph-defined kernel's box with its block graph inside
 (grid, inputs with imap / forloop dim and tile, the loop body, accumulators, the ops after the
-loop, outputs with omap). `MuGraph._repr_svg_` uses it for inline display in Jupyter.
+loop, outputs with omap), arrows for the kernel tensors. Graphviz draws it where its `dot`
+program is installed (`render_dot.py`; it routes the arrows around the boxes); otherwise
+matplotlib does (`draw`): kernel ops in columns by depth, each arrow through the gaps between
+columns and through free lanes of the columns it skips, so that it crosses no box.
+`MuGraph._repr_svg_` uses it for inline display in Jupyter.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mirage_jax.mugraph import render_dot
 from mirage_jax.mugraph.ops import OPS
 from mirage_jax.mugraph.validate import GRID_AXES, Ref, block_info
 
@@ -215,14 +220,43 @@ def _rows(g: MuGraph, i: int) -> list[tuple[str, str, float, float]]:
     return rows
 
 
-def draw(g: MuGraph):
-    """A matplotlib Figure of the µGraph."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import FancyBboxPatch, Rectangle
-
+def _depths(g: MuGraph) -> dict[int, int]:
+    """The column of each op: kernel ops by their longest path from the inputs, each input
+    one column before its first reader (an input read late does not cross the picture)."""
     depth: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
     for i, op in enumerate(g.ops):
         depth[i] = 1 + max((depth[a[0]] for a in op.args), default=-1)
+        for a in op.args:
+            readers.setdefault(a[0], []).append(i)
+    for i, op in enumerate(g.ops):
+        if op.op == "input" and readers.get(i):
+            depth[i] = min(depth[r] for r in readers[i]) - 1
+    order = {d: n for n, d in enumerate(sorted(set(depth.values())))}
+    return {i: order[d] for i, d in depth.items()}
+
+
+@dataclass
+class Layout:
+    """Where the picture puts everything, in points (y upwards): `boxes[i]` = (x, y, w, h) of
+    op i, `edges` the arrows as polylines (the head at the last point), `outputs` the
+    (x, y, text) of the output labels."""
+
+    rows: dict[int, list[tuple[str, str, float, float]]]
+    boxes: dict[int, tuple[float, float, float, float]]
+    edges: list[list[tuple[float, float]]]
+    outputs: list[tuple[float, float, str]]
+    width: float
+    height: float
+
+
+_GAP_X, _GAP_Y, _MARGIN, _STUB, _LANE = 40.0, 18.0, 18.0, 6.0, 4.0
+
+
+def layout(g: MuGraph) -> Layout:
+    """Ops in columns by depth. Arrows cross the gaps between columns, and a column they skip
+    through a free lane between (or above or below) its boxes: no arrow crosses a box."""
+    depth = _depths(g)
     cols: dict[int, list[int]] = {}
     for i in range(len(g.ops)):
         cols.setdefault(depth[i], []).append(i)
@@ -231,37 +265,124 @@ def draw(g: MuGraph):
     for i, rs in rows.items():
         w = max(len(t) * _CW + x for _, t, x, _ in rs) + 2 * _PAD
         sizes[i] = (w, rs[-1][3] + _PAD)
-    gap_x, gap_y = 40.0, 18.0
-    pos = {}
-    x = gap_x / 2
-    col_heights = {d: sum(sizes[i][1] for i in c) + gap_y * (len(c) - 1) for d, c in cols.items()}
-    total_h = max(col_heights.values()) + gap_y
+    heights = {d: sum(sizes[i][1] for i in c) + _GAP_Y * (len(c) - 1) for d, c in cols.items()}
+    total_h = max(heights.values()) + 2 * _MARGIN
+    boxes: dict[int, tuple[float, float, float, float]] = {}
+    spans: list[tuple[float, float]] = []  # each column's (left, right)
+    x = _GAP_X / 2
     for d in sorted(cols):
         cw = max(sizes[i][0] for i in cols[d])
-        y = total_h - (total_h - col_heights[d]) / 2
+        y = total_h - (total_h - heights[d]) / 2
         for i in cols[d]:
             w, h = sizes[i]
-            pos[i] = (x + (cw - w) / 2, y - h)
-            y -= h + gap_y
-        x += cw + gap_x
-    out_w = 70.0
-    width = x + out_w
-    fig = Figure(figsize=(width / 72, total_h / 72), dpi=100)
+            boxes[i] = (x + (cw - w) / 2, y - h, w, h)
+            y -= h + _GAP_Y
+        spans.append((x, x + cw))
+        x += cw + _GAP_X
+    spans.append((x, x))  # the output labels' column
+    # Each arrow as (source column, source point, target column, target point).
+    ends = []
+    for i, op in enumerate(g.ops):
+        bx, by, _, bh = boxes[i]
+        starts = [_port(g, boxes, a) for a in op.args]
+        # The arguments enter top to bottom in the order of their sources' heights.
+        order = sorted(range(len(starts)), key=lambda k: (-starts[k][1], k))
+        for slot, k in enumerate(order):
+            ty = by + bh / 2 + ((len(op.args) - 1) / 2 - slot) * 6
+            ends.append((depth[op.args[k][0]], starts[k], depth[i], (bx, ty)))
+    outputs = []
+    last = -1e9
+    for want, n in sorted((_port(g, boxes, r)[1], n) for n, r in enumerate(g.outputs)):
+        last = max(want, last + _LH)  # the labels at least a line apart
+        outputs.append((x + 4, last, f"out {n}"))
+        ends.append((depth[g.outputs[n][0]], _port(g, boxes, g.outputs[n]), len(cols), (x, last)))
+    lanes = _lanes(ends, cols, boxes, total_h)
+    edges = [_route(e, spans, lanes[n]) for n, e in enumerate(ends)]
+    return Layout(rows, boxes, edges, sorted(outputs, key=lambda o: o[2]), x + 50.0, total_h)
+
+
+def _port(g: MuGraph, boxes, r: Ref) -> tuple[float, float]:
+    """Where output r[1] of op r[0] leaves its box: the right side, spread over its outputs."""
+    bx, by, bw, bh = boxes[r[0]]
+    n = g.ops[r[0]].num_outputs
+    return bx + bw, by + bh / 2 + ((n - 1) / 2 - r[1]) * 6
+
+
+def _lanes(ends, cols, boxes, height) -> list[dict[int, float]]:
+    """Per arrow, the height at which it crosses each column it skips: in the free interval
+    of that column nearest its straight line, arrows sharing an interval spread apart."""
+    users: dict[tuple[int, int], list[tuple[float, int]]] = {}
+    free: dict[int, list[tuple[float, float]]] = {}
+    for n, (cs, (_, ys), ct, (_, yt)) in enumerate(ends):
+        for c in range(cs + 1, ct):
+            if c not in free:
+                ys_ = sorted((boxes[i][1], boxes[i][1] + boxes[i][3]) for i in cols[c])
+                tops = [0.0] + [top for _, top in ys_]
+                bottoms = [bottom for bottom, _ in ys_] + [height]
+                free[c] = list(zip(tops, bottoms))
+            want = ys + (yt - ys) * (c - cs) / (ct - cs)
+            gap = min(
+                range(len(free[c])),
+                key=lambda j: max(free[c][j][0] - want, want - free[c][j][1], 0.0),
+            )
+            users.setdefault((c, gap), []).append((want, n))
+    lanes: list[dict[int, float]] = [{} for _ in ends]
+    for (c, gap), wanted in users.items():
+        lo, hi = free[c][gap]
+        for y, (_, n) in zip(_spread(lo, hi, sorted(w for w, _ in wanted)), sorted(wanted)):
+            lanes[n][c] = y
+    return lanes
+
+
+def _spread(lo: float, hi: float, wants: list[float]) -> list[float]:
+    """Heights in (lo, hi), near the sorted `wants`, at least _LANE apart where they fit."""
+    lo, hi = lo + _LANE, hi - _LANE
+    if hi - lo < _LANE * (len(wants) - 1):
+        return [lo + (hi - lo) * (k + 0.5) / len(wants) for k in range(len(wants))]
+    ys = [min(max(w, lo), hi) for w in wants]
+    for k in range(1, len(ys)):
+        ys[k] = max(ys[k], ys[k - 1] + _LANE)
+    ys[-1] = min(ys[-1], hi)
+    for k in range(len(ys) - 2, -1, -1):
+        ys[k] = min(ys[k], ys[k + 1] - _LANE)
+    return ys
+
+
+def _route(end, spans, lanes: dict[int, float]) -> list[tuple[float, float]]:
+    """The polyline of one arrow: out of its box to the column's edge, across each gap (a
+    short level stub at both sides), along its lane through each skipped column, into the
+    target."""
+    cs, (x0, y), ct, (x1, yt) = end
+    points = [(x0, y)]
+    for c in range(cs, ct):
+        right, left = spans[c][1], spans[c + 1][0]
+        y_next = lanes.get(c + 1, yt)
+        points += [(right, y), (right + _STUB, y), (left - _STUB, y_next), (left, y_next)]
+        y = y_next
+    points.append((x1, yt))
+    return [p for k, p in enumerate(points) if k == 0 or p != points[k - 1]]
+
+
+def draw(g: MuGraph):
+    """A matplotlib Figure of the µGraph (the layout of `layout`)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyBboxPatch, Rectangle
+
+    lay = layout(g)
+    fig = Figure(figsize=(lay.width / 72, lay.height / 72), dpi=100)
     ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, width)
-    ax.set_ylim(0, total_h)
+    ax.set_xlim(0, lay.width)
+    ax.set_ylim(0, lay.height)
     ax.axis("off")
-    for i, rs in rows.items():
-        px, py = pos[i]
-        w, h = sizes[i]
-        color = _COLORS[rs[0][0]]
+    for i, rs in lay.rows.items():
+        px, py, w, h = lay.boxes[i]
         ax.add_patch(
             FancyBboxPatch(
                 (px, py),
                 w,
                 h,
                 boxstyle="round,pad=0,rounding_size=4",
-                fc=color,
+                fc=_COLORS[rs[0][0]],
                 ec="#5f6368",
                 lw=0.8,
             )
@@ -303,37 +424,59 @@ def draw(g: MuGraph):
                 weight="bold" if bold else "normal",
             )
     arrow = {"arrowstyle": "-|>", "color": "#5f6368", "lw": 0.8, "shrinkA": 0, "shrinkB": 0}
-    for i, op in enumerate(g.ops):
-        for k, a in enumerate(op.args):
-            sx, sy = pos[a[0]]
-            sw, sh = sizes[a[0]]
-            tx, ty0 = pos[i]
-            th = sizes[i][1]
-            ty = ty0 + th / 2 + (k - (len(op.args) - 1) / 2) * 6
-            ax.annotate("", xy=(tx, ty), xytext=(sx + sw, sy + sh / 2), arrowprops=arrow)
-    for n, r in enumerate(g.outputs):
-        sx, sy = pos[r[0]]
-        sw, sh = sizes[r[0]]
-        oy = sy + sh / 2 + (n - (len(g.outputs) - 1) / 2) * _LH
-        ax.annotate(
-            "", xy=(width - out_w + 20, oy), xytext=(sx + sw, sy + sh / 2), arrowprops=arrow
-        )
-        ax.text(width - out_w + 24, oy, f"out {n}", fontsize=_FONT, family="monospace", va="center")
+    for points in lay.edges:
+        xs, ys = zip(*points[:-1], strict=True)
+        ax.plot(xs, ys, color="#5f6368", lw=0.8, solid_joinstyle="round")
+        ax.annotate("", xy=points[-1], xytext=points[-2], arrowprops=arrow)
+    for x, y, text in lay.outputs:
+        ax.text(x, y, text, fontsize=_FONT, family="monospace", va="center")
     return fig
 
 
-def render(g: MuGraph, path: str | Path) -> Path:
-    """Write the picture to `path` (.svg or .png, by extension)."""
+ENGINES = ("auto", "graphviz", "matplotlib")
+"""Who draws the picture: "graphviz" (`render_dot`; needs `dot` and the `graphviz` package),
+"matplotlib" (`draw`), or "auto": Graphviz where it is available, else matplotlib."""
+
+
+def picture_dot(g: MuGraph) -> str:
+    """The dot text of the picture that Graphviz draws (`render_dot.picture_source`)."""
+    return render_dot.picture_source(g, {i: _node_lines(g, i) for i in range(len(g.ops))}, _COLORS)
+
+
+def _graphviz(engine: str) -> bool:
+    """Whether to draw with Graphviz (an error for "graphviz" where it is missing)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "graphviz" and not render_dot.available():
+        raise RuntimeError(
+            "engine='graphviz' needs Graphviz's dot program on PATH and the graphviz Python "
+            "package (e.g. apt-get install graphviz); engine='matplotlib' needs neither"
+        )
+    return engine == "graphviz" or (engine == "auto" and render_dot.available())
+
+
+def _picture(g: MuGraph, fmt: str, engine: str) -> bytes:
+    if _graphviz(engine):
+        try:
+            return render_dot.pipe(picture_dot(g), fmt)
+        except Exception:
+            if engine == "graphviz":
+                raise  # "auto": matplotlib draws it instead
+    buf = io.BytesIO()
+    draw(g).savefig(buf, format=fmt)
+    return buf.getvalue()
+
+
+def render(g: MuGraph, path: str | Path, engine: str = "auto") -> Path:
+    """Write the picture to `path` (.svg, .png or .pdf, by extension); `engine`: `ENGINES`."""
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower()
     if fmt not in ("svg", "png", "pdf"):
         raise ValueError(f"render writes .svg, .png or .pdf, not {path.suffix!r}")
-    draw(g).savefig(path, format=fmt)
+    path.write_bytes(_picture(g, fmt, engine))
     return path
 
 
-def to_svg(g: MuGraph) -> str:
-    """The picture as SVG text (what Jupyter displays inline)."""
-    buf = io.StringIO()
-    draw(g).savefig(buf, format="svg")
-    return buf.getvalue()
+def to_svg(g: MuGraph, engine: str = "auto") -> str:
+    """The picture as SVG text (what Jupyter displays inline); `engine`: see `ENGINES`."""
+    return _picture(g, "svg", engine).decode("utf-8")
