@@ -150,13 +150,29 @@ def _os_reason(e: OSError) -> str:
     return e.strerror or one_line(e)
 
 
+def _experiments(command: str, module: str) -> Any:
+    """`experiments.<module>` (the benchmarks and reproduction scripts, installed beside
+    `mirage_jax` from the repository), or a CommandError saying what is missing and how to get
+    it."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"experiments.{module}")
+    except ImportError as e:
+        raise CommandError(
+            f"mirage-jax {command} needs the repository's `experiments` package ({e}); install "
+            "mirage-jax from its source tree (`pip install -e .` in a clone) to get it"
+        ) from e
+
+
 # ---------------------------------------------------------------------- bench
 def _bench(args: argparse.Namespace) -> int:
     import jax
     import numpy as np
 
     import lax_ir
-    from experiments import benchmarks
+
+    benchmarks = _experiments("bench", "benchmarks")
 
     try:
         bench = benchmarks.get(args.name, args.batch)
@@ -318,8 +334,7 @@ def _cache_path(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- reproduce
 def _reproduce(args: argparse.Namespace) -> int:
-    from experiments import reproduce
-
+    reproduce = _experiments("reproduce", "reproduce")
     return reproduce.run(args, prog="mirage-jax reproduce")
 
 

@@ -133,3 +133,18 @@ def test_optimize_that_stored_nothing_does_not_report_success(capsys, tmp_path, 
     out, err = capsys.readouterr()
     assert rc == 1 and "fused kernel" not in out
     assert err.count("\n") == 1 and "not stored" in err and "disk full" in err
+
+
+def test_bench_without_the_experiments_package_says_what_it_needs(monkeypatch, capsys) -> None:
+    """An installation without `experiments` gets one line naming it and how to get it."""
+    import sys
+
+    from mirage_jax import cli
+
+    for mod in [m for m in sys.modules if m == "experiments" or m.startswith("experiments.")]:
+        monkeypatch.setitem(sys.modules, mod, None)  # an import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "experiments", None)
+    monkeypatch.setattr(cli, "_benchmark_names", lambda: [])
+    assert cli.main(["bench", "rmsnorm", "--small"]) != 0
+    err = capsys.readouterr().err
+    assert "needs the repository's `experiments` package" in err and "pip install -e ." in err
