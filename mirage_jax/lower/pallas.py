@@ -466,7 +466,10 @@ def _kernel(*refs: Any, plan: KernelPlan, config: PallasConfig, drop: int) -> No
 
 
 def _block_spec(dims, n_axes: int, drop: int = 0) -> pl.BlockSpec:
-    shape = tuple(d.size if d.masked else d.extent for d in dims)
+    # A masked dim's block is the whole dim, extended so that the last tile's padded slice
+    # (`pl.ds(start, pad)`, start <= size - tile) stays inside the block ref: jax >= 0.12 checks
+    # static slice bounds against the ref. The lanes past the array are never unmasked.
+    shape = tuple(d.size - d.tile + d.pad if d.masked else d.extent for d in dims)
     shape = (*(None,) * drop, *shape[drop:])  # squeezed: indexed by the grid, not in the kernel
     axes = tuple(None if d.masked else d.axis for d in dims)
 
