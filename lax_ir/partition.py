@@ -179,9 +179,11 @@ class Partition:
         ]
         for r in self.regions:
             counts = r.program.op_counts()
-            ops = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()))
+            ops = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()) if k != "constant")
+            consts = counts.get("constant", 0)
+            copied = f", {consts} constant(s) copied in" if consts else ""
             lines.append(
-                f"  region {r.index}: {len(r.nodes)} ops ({ops}); "
+                f"  region {r.index}: {len(r.nodes)} ops ({ops}{copied}); "
                 f"{len(r.inputs)} in, {len(r.outputs)} out{' (trivial)' if r.is_trivial else ''}"
             )
             for nid, why in r.neighbours:
