@@ -33,6 +33,9 @@ Groups = tuple[tuple[str, ...], ...]
 """A value's layout: per dimension, the atoms merged into it (row-major); () for a unit."""
 
 MAX_REFINEMENTS = 16
+"""Atom splits found before a core is given up."""
+MAX_CORES = 16
+"""Attention cores rewritten in one Program."""
 _LAYOUT = ("reshape", "transpose", "broadcast_in_dim")
 _REDUCE = ("reduce_sum", "reduce_max")
 
@@ -249,7 +252,8 @@ class _Emit:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
-    def _reshape(self, x: int, shape: tuple[int, ...]) -> int:
+    def reshape(self, x: int, shape: tuple[int, ...]) -> int:
+        """`x` reshaped to `shape` (itself if it has that shape)."""
         n = self.nodes[x]
         if n.shape == shape:
             return x
@@ -264,7 +268,7 @@ class _Emit:
         size = self.atoms.size
         perm = tuple(flat_src.index(a) for a in flat_dst)
         if perm != tuple(range(len(perm))):
-            x = self._reshape(x, tuple(size[a] for a in flat_src))
+            x = self.reshape(x, tuple(size[a] for a in flat_src))
             n = self.nodes[x]
             x = self.add(
                 Node(
@@ -275,7 +279,7 @@ class _Emit:
                     make_params(permutation=perm),
                 )
             )
-        return self._reshape(x, tuple(self.atoms.prod(g) for g in dst))
+        return self.reshape(x, tuple(self.atoms.prod(g) for g in dst))
 
     def op(self, like: Node, args: Sequence[int], shape: tuple[int, ...], **params: object) -> int:
         """`like`'s op on new arguments, with `params` overriding its own."""
@@ -312,7 +316,7 @@ def _rewrite(program: Program, core: _Core, atoms: _Atoms, info: dict) -> Progra
             shape = e.nodes[src].shape
             kept = tuple(d for j, d in enumerate(shape) if j not in axes)
             r = e.op(n, (src,), kept, axes=axes)
-            canon_of[i] = e._reshape(r, tuple(1 if j in axes else d for j, d in enumerate(shape)))
+            canon_of[i] = e.reshape(r, tuple(1 if j in axes else d for j, d in enumerate(shape)))
         else:  # elementwise
             args = []
             for pos, a in enumerate(n.args):
@@ -421,31 +425,34 @@ def _cores(program: Program) -> list[_Core]:
     return cores
 
 
+def _relaid(program: Program, core: _Core) -> Program | None:
+    """`program` with `core` recomputed in its canonical layout, or None if not covered."""
+    splits: dict[str, tuple[int, int]] = {}
+    try:
+        for _ in range(MAX_REFINEMENTS):
+            atoms = _Atoms(splits)
+            try:
+                return _rewrite(program, core, atoms, core.layout(atoms))
+            except _Split as s:
+                splits[s.atom] = s.sizes
+    except _Skip:
+        pass
+    return None
+
+
 def canonical_attention(program: Program) -> Program:
     """`program` with every attention core whose layout ops restructure dimensions recomputed
     in the ``[batch..., rows, keys]`` layout; cores the rewrite does not cover stay as they are."""
     from lax_ir.pieces import restructures
 
-    for _ in range(MAX_REFINEMENTS):
+    for _ in range(MAX_CORES):
         for core in _cores(program):
             layout_ops = [i for i in core.nodes if program.nodes[i].op in _LAYOUT]
-            if not any(restructures(program, i) for i in layout_ops):
-                continue
-            splits: dict[str, tuple[int, int]] = {}
-            try:
-                for _ in range(MAX_REFINEMENTS):
-                    atoms = _Atoms(splits)
-                    try:
-                        info = core.layout(atoms)
-                        break
-                    except _Split as s:
-                        splits[s.atom] = s.sizes
-                else:
-                    continue
-                program = _rewrite(program, core, atoms, info)
-                break
-            except _Skip:
-                continue
+            if any(restructures(program, i) for i in layout_ops):
+                relaid = _relaid(program, core)
+                if relaid is not None:
+                    program = relaid
+                    break
         else:
             return program
     return program

@@ -160,6 +160,16 @@ class _Graph:
                     stack.append(a)
         return sorted(seen)
 
+    def matmuls(self) -> list[tuple[int, Node, tuple[int, Node], tuple[int, Node]]]:
+        """Each live matmul: its id, its node, and (id, node) of its two operands."""
+        out = []
+        for j in self.live():
+            n = self.nodes[j]
+            if n.op == "matmul":
+                a, b = n.args
+                out.append((j, n, (a, self.nodes[a]), (b, self.nodes[b])))
+        return out
+
     def users(self, i: int) -> list[int]:
         return [j for j in self.live() if i in self.nodes[j].args]
 
@@ -244,12 +254,7 @@ def _output_rule(g: _Graph) -> bool:
 
 
 def _operand_rule(g: _Graph) -> bool:
-    for j in g.live():
-        n = g.nodes[j]
-        if n.op != "matmul":
-            continue
-        a, b = n.args
-        an, bn = g.nodes[a], g.nodes[b]
+    for j, n, (a, an), (_, bn) in g.matmuls():
         from_input = an.op == "input" or (
             an.op in ("reshape", "transpose") and g.nodes[an.args[0]].op == "input"
         )
@@ -361,12 +366,7 @@ def _column_rule(g: _Graph) -> bool:
     """`W @ v` with v a column (`[.., K, 1]`, equinox's `weight @ x`) and W an input is
     `(vᵀ Wᵀ)ᵀ`: the transposes of the column and of the result are bitcasts, and Wᵀ is the
     input W transposed before the call, so the matmul reads a row."""
-    for j in g.live():
-        n = g.nodes[j]
-        if n.op != "matmul":
-            continue
-        a, b = n.args
-        an, bn = g.nodes[a], g.nodes[b]
+    for j, n, (a, an), (b, bn) in g.matmuls():
         if a not in g.inputs or len(bn.shape) < 2 or bn.shape[-1] != 1 or bn.shape[-2] == 1:
             continue
         if len(an.shape) != len(bn.shape) or an.shape[-2] == 1:
@@ -384,12 +384,7 @@ def _transposed_operand_rule(g: _Graph) -> bool:
     """`W @ xᵀ`, W an input and xᵀ the last-two swap of a computed value (equinox's
     `weight @ x` vmapped over rows), is `(x Wᵀ)ᵀ`: Wᵀ is W transposed before the call, and
     the swap of the result moves on towards the outputs (`_lift_rule`, `_sink_transpose_rule`)."""
-    for j in g.live():
-        n = g.nodes[j]
-        if n.op != "matmul":
-            continue
-        a, b = n.args
-        an, bn = g.nodes[a], g.nodes[b]
+    for j, n, (a, an), (_, bn) in g.matmuls():
         if a not in g.inputs or bn.op != "transpose" or len(an.shape) != len(bn.shape):
             continue
         x = bn.args[0]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
 import lax_ir
 from lax_ir.layouts import adapt, swap_perm, swapped
@@ -95,16 +94,11 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
     """`select.InContext` for a region whose interface has layout steps: random inputs of the
     region's own `avals`, XLA and kernels wrapped in the steps (`adapt`), kernels reading the
     inputs stored transposed in place (`stored_transposed`) as `region_kernel` does."""
-    from mirage_jax.select import InContext
+    from mirage_jax.select import InContext, random_arrays
 
     views = stored_transposed(program, backend)
-
-    def inputs(seed: int) -> list[np.ndarray]:
-        rng = np.random.default_rng(opts.seed + seed)
-        return [(rng.standard_normal(s) * 0.25).astype(d) for s, d in avals]
-
     return InContext(
-        inputs=inputs,
+        inputs=lambda seed: random_arrays(avals, opts.seed + seed),
         wrap=lambda fn, kernel: adapt(fn, program, stored=views if kernel else frozenset()),
         lower=lambda g, backend: lower_mugraph(g, backend, opts.lower_config, views),
     )

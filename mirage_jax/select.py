@@ -51,7 +51,8 @@ def timing_order(mugraphs: Sequence[MuGraph], top: int | None) -> list[tuple[int
         if key not in seen:
             seen.add(key)
             first.append(k)
-    rest = [k for k in range(len(mugraphs)) if k not in set(first)]
+    seen_ranks = set(first)
+    rest = [k for k in range(len(mugraphs)) if k not in seen_ranks]
     order = (first + rest)[: len(mugraphs) if top is None else top]
     return [(k, mugraphs[k]) for k in order]
 
@@ -143,10 +144,15 @@ class Selection:
 
 def random_inputs(program: Program, seed: int, scale: float = 0.25) -> list[np.ndarray]:
     """Inputs for timing: N(0, scale²) in each input's dtype (small, so exp stays finite)."""
+    return random_arrays(program.input_avals, seed, scale)
+
+
+def random_arrays(
+    avals: Sequence[tuple[Sequence[int], str]], seed: int, scale: float = 0.25
+) -> list[np.ndarray]:
+    """N(0, scale²) arrays of the given (shape, dtype)s."""
     rng = np.random.default_rng(seed)
-    return [
-        (rng.standard_normal(shape) * scale).astype(dtype) for shape, dtype in program.input_avals
-    ]
+    return [(rng.standard_normal(shape) * scale).astype(dtype) for shape, dtype in avals]
 
 
 def _default_timer(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]]):
