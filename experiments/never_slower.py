@@ -98,6 +98,8 @@ def measure(key: str, fn: Any, inputs: Any, dtype: str, args: argparse.Namespace
                 "reason": dcs.reason[:200],
                 "mugraph_us": t.get("mugraph_us"),
                 "xla_us": t.get("xla_us"),
+                "search_s": t.get("search_s"),
+                "select_s": t.get("select_s"),
                 "structure": None if dcs.mugraph is None else dcs.mugraph.meta.get("structure"),
             }
         )

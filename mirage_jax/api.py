@@ -346,8 +346,12 @@ class MirageJit:
 
             progress = self.opts.progress
             disable = None if progress is None else not progress  # None: only on a terminal
-            for region in tqdm(misses, desc="mirage_jax search", unit="region", disable=disable):
-                found[region.index] = resolver.search(region, region_avals(part, region))
+            from mirage_jax.search.workers import shared_pool
+
+            with shared_pool():  # one pool of search workers for all of this call's regions
+                bar = tqdm(misses, desc="mirage_jax search", unit="region", disable=disable)
+                for region in bar:
+                    found[region.index] = resolver.search(region, region_avals(part, region))
         for region in pending:
             decision = found[region.index] or xla_decision(
                 region, "not in the cache (search='cached')"

@@ -8,6 +8,7 @@ and wraps it as a `jax.custom_jvp` whose tangent is the XLA jvp of the region. U
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,7 @@ def _search_and_select(
     from mirage_jax.cache import mugraph_to_json
     from mirage_jax.select import FLOAT_TOL, random_inputs, select
 
+    t0 = time.perf_counter()
     try:
         result = search_mod.search(
             program,
@@ -122,6 +124,7 @@ def _search_and_select(
         return SearchOutcome(None, None, None, {}, f"outside the search's fragment: {e}")
     if not result.mugraphs:
         return SearchOutcome(None, None, None, {}, result.message or result.stop_reason)
+    search_s = time.perf_counter() - t0
     timed = has_gpu() and backends.get(backend).needs_gpu
     sel = select(
         result,
@@ -142,7 +145,12 @@ def _search_and_select(
             else None
         ),
     )
-    t = {"device": device_kind(), "search": result.message}
+    t = {
+        "device": device_kind(),
+        "search": result.message,
+        "search_s": round(search_s, 2),
+        "select_s": round(time.perf_counter() - t0 - search_s, 2),
+    }
     if timed and sel.passed:
         t |= {"xla_us": sel.xla_us, "mugraph_us": sel.fastest_us, "method": sel.method}
     chosen = sel.chosen

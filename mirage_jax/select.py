@@ -14,6 +14,8 @@ a µGraph is chosen only if it is faster than XLA by more than `tie` (relative).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -152,7 +154,10 @@ def random_arrays(
 ) -> list[np.ndarray]:
     """N(0, scale²) arrays of the given (shape, dtype)s."""
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal(shape) * scale).astype(dtype) for shape, dtype in avals]
+    return [
+        (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)
+        for shape, dtype in avals
+    ]
 
 
 def _default_timer(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]]):
@@ -209,7 +214,10 @@ def select(
 
     import lax_ir
 
-    inputs = inputs or (lambda seed: random_inputs(program, seed))
+    # XLA and every candidate are timed on the same input sets: drawn once per seed.
+    inputs = functools.cache(inputs or (lambda seed: random_inputs(program, seed)))
+    if context is not None:
+        context = dataclasses.replace(context, inputs=functools.cache(context.inputs))
     timer = timer or _default_timer
     if lower is None:
         from mirage_jax.lower import lower as lower_fn

@@ -210,6 +210,28 @@ def test_workers_give_the_same_result():
     assert [g.canonical_hash for g in a.mugraphs] == [g.canonical_hash for g in b.mugraphs]
 
 
+def test_searches_in_one_shared_pool_give_their_own_results():
+    """Inside `shared_pool()` every search uses one pool, each problem travelling with its
+    tasks: two regions searched in turn get what each gets alone, and the pool ends with the
+    block."""
+    from mirage_jax.search import workers
+
+    names = ("rmsnorm", "gated_mlp")
+    alone = {n: search(region(n), budget=BUDGET, seed=0, progress=False) for n in names}
+    pools = []
+    with workers.shared_pool():
+        for n in (*names, names[0]):
+            with workers.pool_for(2) as pool:
+                pools.append(pool)
+            got = search(region(n), budget=BUDGET, seed=0, progress=False, workers=2)
+            want = alone[n]
+            assert [g.canonical_hash for g in got.mugraphs] == [
+                g.canonical_hash for g in want.mugraphs
+            ], n
+    assert pools[0] is pools[1] is pools[2]
+    assert workers._Shared.pool is None  # shut down with the block
+
+
 def test_time_budget_stops_with_reason():
     p = region("gqa_scaled")
     r = search(p, budget=Budget(time_s=0.0, cuts=False), progress=False)

@@ -27,6 +27,7 @@ from jax.experimental.pallas import triton as plt
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
+from mirage_jax.mugraph.opdef import matmul_operand_dtype
 from mirage_jax.mugraph.ops import GELU_CUBIC, OPS, SQRT_2_OVER_PI, SQRT_HALF
 
 F32 = jnp.float32
@@ -184,6 +185,9 @@ def _mul_scalar(ctx: OpCtx, x: jax.Array) -> jax.Array:
 
 def _dot(ctx: OpCtx, a: jax.Array, b: jax.Array, ia: int, ib: int, path: str) -> jax.Array:
     """One 2-D block matmul of args ia, ib (batch tiles are 1), fp32 out, padded shape."""
+    narrow = matmul_operand_dtype([ctx.plan.dtype(x) for x in ctx.args])
+    if narrow:  # mixed widths: operands rounded to the narrow dtype (the op's float meaning)
+        a, b = a.astype(narrow), b.astype(narrow)
     if path == "outer":  # K = 1: broadcast (.., M, 1) * (.., 1, N) at full rank, no reshape
         return _f32(a) * _f32(b)
     a = ctx.masked(a, ia, (-1,), 0)
@@ -193,7 +197,7 @@ def _dot(ctx: OpCtx, a: jax.Array, b: jax.Array, ia: int, ib: int, path: str) ->
     if path == "fma":
         out = jnp.sum(_f32(a2)[:, :, None] * _f32(b2)[None, :, :], axis=1)
     else:
-        dt = ctx.dtype
+        dt = jnp.dtype(narrow) if narrow else ctx.dtype
         prec = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
         out = jnp.dot(a2.astype(dt), b2.astype(dt), preferred_element_type=F32, precision=prec)
     return out.reshape((*(1,) * (len(ctx.pad) - 2), *out.shape))

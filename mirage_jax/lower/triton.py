@@ -27,6 +27,7 @@ from lax_ir.layouts import swapped
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
+from mirage_jax.mugraph.opdef import matmul_operand_dtype
 from mirage_jax.mugraph.ops import GELU_CUBIC, OPS, SQRT_2_OVER_PI, SQRT_HALF
 
 BACKEND = "triton"
@@ -163,16 +164,21 @@ registry.add(
 def _dot(c: OpCtx, a: str, b: str, ia: int, ib: int, path: str) -> str:
     pa, pb = c.plan.pads[c.args[ia]], c.plan.pads[c.args[ib]]
     m, k, n = pa[-2], pa[-1], pb[-1]
+    narrow = matmul_operand_dtype([c.plan.dtype(x) for x in c.args])
+    if narrow:  # mixed widths: operands rounded to the narrow dtype (the op's float meaning)
+        a, b = (f"{x}.to({TL_DTYPES[narrow]})" for x in (a, b))
     a2 = f"tl.reshape({c.masked(a, ia, (-1,), '0.0')}, ({m}, {k}))"
     b2 = f"tl.reshape({c.masked(b, ib, (-2,), '0.0')}, ({k}, {n}))"
     if path == "outer":  # K = 1: broadcast (.., M, 1) * (.., 1, N) at full rank, no reshape
+        if narrow:
+            return f"{a}.to(tl.float32) * {b}.to(tl.float32)"
         return f"{c.f32(a, ia)} * {c.f32(b, ib)}"
     if path == "fma":
         out = f"tl.sum({a2}.to(tl.float32)[:, :, None] * {b2}.to(tl.float32)[None, :, :], axis=1)"
     else:
-        dt = TL_DTYPES[c.dtype]
-        prec = ', input_precision="ieee"' if c.dtype == "float32" else ""
-        out = f"tl.dot({a2}.to({dt}), {b2}.to({dt}){prec})"
+        dt = narrow or c.dtype
+        prec = ', input_precision="ieee"' if dt == "float32" else ""
+        out = f"tl.dot({a2}.to({TL_DTYPES[dt]}), {b2}.to({TL_DTYPES[dt]}){prec})"
     return f"tl.reshape({out}, {_shape(c.pad)})"
 
 

@@ -93,6 +93,7 @@ def run_block_graph(
             out_shape=info.full(t),
             params=dict(op.params),
             forloop_range=bg.forloop_range,
+            arg_dtypes=tuple(info.dtypes[a] for a in op.args),
         )
         vals.append(spec.apply(ctx, [vals[a] for a in op.args]))
     return [store_output(alg, vals[o.arg], info.full(o.arg), o, bg) for o in bg.outputs]
@@ -132,6 +133,7 @@ def apply_kernel_op(alg: Any, op: Any, args: Sequence[Any], shapes: Any, i: int)
         arg_shapes=tuple(shapes[a][0] for a in op.args),
         out_shape=shape,
         params=dict(op.params),
+        arg_dtypes=tuple(shapes[a][1] for a in op.args),
     )
     return OPS[op.op].apply(ctx, list(args))
 

@@ -21,6 +21,26 @@ ACC_DTYPE = "float32"
 """Where µGraph ops compute (the generated kernels' precision); results round to the tensor's dtype."""
 
 
+def matmul_operand_dtype(dtypes: Sequence[str]) -> str | None:
+    """The dtype a mixed-precision matmul rounds its operands to, or None (no rounding).
+
+    Where a matmul's operands differ in width (an fp32 normalised activation times fp16
+    weights), the program converts the wide one before the GEMM, as every framework's Linear
+    does: the operands are rounded to the narrow dtype and the product accumulates in fp32,
+    on tensor cores. Operands of one dtype, or of two 16-bit dtypes (fp16 with bf16), are not
+    rounded.
+    """
+    kinds = {str(d) for d in dtypes}
+    if len(kinds) < 2 or not kinds <= _FLOAT_BYTES.keys():
+        return None
+    narrow = min(kinds, key=_FLOAT_BYTES.__getitem__)
+    same = [d for d in kinds if _FLOAT_BYTES[d] == _FLOAT_BYTES[narrow]]
+    return narrow if len(same) == 1 else None
+
+
+_FLOAT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
 class ShapeError(ValueError):
     """A shape rule is broken (the message says which)."""
 
@@ -36,6 +56,7 @@ class Ctx:
     out_shape: tuple[int, ...]
     params: dict
     forloop_range: int = 1
+    arg_dtypes: tuple[str, ...] = ()
 
     def const(self, value: float, dtype: str | None = None) -> Any:
         """An exact constant: `value` rounded to `dtype` (default: the tensor's dtype)."""

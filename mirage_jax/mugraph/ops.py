@@ -11,7 +11,9 @@ rule in each GPU backend (`lower/pallas.py`, `lower/triton.py`); see docs/design
 
 Float meaning: an op computes in fp32 (`ACC_DTYPE`, as the generated kernels do) on its
 arguments converted from their dtype, with constants rounded to the tensor's dtype first, and
-rounds its result to the tensor's dtype. In the field `convert` is the identity.
+rounds its result to the tensor's dtype. A matmul of operands of mixed width (fp32 activation,
+fp16 weight) first rounds them to the narrow dtype (`opdef.matmul_operand_dtype`), as the
+program's convert before the GEMM does. In the field `convert` is the identity.
 
 Mirage-specific meanings (chosen to equal how the benchmark functions capture, op for op):
 - silu(x) = x · logistic(x) (jax.nn.silu); sigmoid = logistic;
@@ -45,7 +47,7 @@ from typing import Any
 
 from mirage_jax.mugraph.opdef import ACC_DTYPE as ACC_DTYPE
 from mirage_jax.mugraph.opdef import Ctx as Ctx
-from mirage_jax.mugraph.opdef import Facts, eps_params, when
+from mirage_jax.mugraph.opdef import Facts, eps_params, matmul_operand_dtype, when
 from mirage_jax.mugraph.opdef import OpDef as OpDef
 from mirage_jax.mugraph.opdef import SearchProps as S
 from mirage_jax.mugraph.opdef import ShapeError as ShapeError
@@ -150,8 +152,14 @@ def _plus_eps(ctx, ms):
     return ms if not eps else ctx.alg.add(ms, ctx.const(eps, ACC_DTYPE))
 
 
+def _operands(ctx, a):
+    """A matmul's operands in fp32, first rounded where their dtypes mix (`matmul_operand_dtype`)."""
+    narrow = matmul_operand_dtype(ctx.arg_dtypes)
+    return [_to_acc(ctx, ctx.alg.convert(v, narrow) if narrow else v) for v in a]
+
+
 def _matmul(ctx, a):
-    x, y = (_to_acc(ctx, v) for v in a)
+    x, y = _operands(ctx, a)
     xs, ys = ctx.arg_shapes
     return _from_acc(ctx, fold_matmul(ctx.alg, x, y, xs, ys, ACC_DTYPE))
 
@@ -236,6 +244,7 @@ def _concat(ctx, a):
 
 
 def _concat_matmul(ctx, a):
+    a = _operands(ctx, a)
     shapes = ctx.arg_shapes
     rank = len(shapes[0]) - ctx.nb
     left_t = _batch_target(ctx, shapes[:2])
@@ -248,7 +257,7 @@ def _concat_matmul(ctx, a):
         [_broadcast_to(ctx, v, s, t) for v, s, t in zip(a[2:], shapes[2:], right_t)],
         ctx.tile_axis(-2, rank),
     )
-    return _from_acc(ctx, ctx.alg.matmul(_to_acc(ctx, left), _to_acc(ctx, right), ACC_DTYPE))
+    return _from_acc(ctx, ctx.alg.matmul(left, right, ACC_DTYPE))
 
 
 # Accumulators: the argument has loop batch dims (grid..., F) at axes [0, nb); F is axis

@@ -27,6 +27,7 @@ not explored. A budget that runs out returns what was found with the reason.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -44,8 +45,8 @@ from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Structure, instantiate
-from mirage_jax.search.tasks import Problem, init_worker, prepare, run_task, tasks_of
-from mirage_jax.search.workers import worker_pool
+from mirage_jax.search.tasks import Problem, init_worker, prepare, run_keyed, run_task, tasks_of
+from mirage_jax.search.workers import pool_for, problem_blob
 
 STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
 
@@ -59,7 +60,10 @@ class Budget:
         max_candidates: closed graphs examined (each a verification unless memoised).
         max_kernels: kernels per µGraph (a split-K pair is two).
         max_block_ops: block ops per graph-defined kernel (inputs not counted).
-        extra_depth: depth explored beyond the smallest graph found (see the module docstring).
+        extra_depth: depth explored beyond the smallest graph found (see the module docstring);
+            loop_extra_depth: the same while every graph found holds a GEMM's whole K in one
+            loop-free tile (the normalised GEMM whose loop form needs a few more ops: the
+            statistic and the products accumulated, the division after the loop).
         max_outputs: outputs of a split-K kernel (its partial sums).
         results: µGraphs returned; confirm: how many of the best are verified at full size.
         trials: field trials per verification.
@@ -78,6 +82,7 @@ class Budget:
     max_kernels: int = 3
     max_block_ops: int = 10
     extra_depth: int = 1
+    loop_extra_depth: int = 3
     max_outputs: int = 2
     results: int = 16
     confirm: int = 4
@@ -178,11 +183,12 @@ def search(
     run = _Run(budget)
     run.stats.update(tasks=len(tasks), schedule_classes=[t.mapping.describe() for t in tasks])
     run.bar = _progress_bar(progress, len(tasks) * max(1, budget.max_block_ops - 1))
-    pool = None
-    if workers > 1:
-        pool = worker_pool(workers, problem)
-    else:
+    pool_block = pool_for(workers)
+    pool = pool_block.__enter__()
+    if pool is None:
         init_worker(problem)
+    else:
+        pool = _Dispatch(pool, *problem_blob(problem))
     pre_stats: dict[str, Any] = {}
     try:
         run.deepen(tasks, budget.max_block_ops, deadline, pool)
@@ -213,8 +219,7 @@ def search(
             }  # fmt: skip
             seconds["predefined"] = time.perf_counter() - t0
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        pool_block.__exit__(*sys.exc_info())
         if run.bar is not None:
             # the total is an estimate (pruned tasks end early, pre-defined kernels add tasks):
             # a notebook's bar left short of it would turn red and stay, so it ends full
@@ -300,6 +305,19 @@ def search(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Dispatch:
+    """A worker pool and this search's problem (sent with each task: the pool may be shared)."""
+
+    pool: Any
+    key: str
+    blob: bytes
+
+    def map(self, args: list[tuple]) -> list:
+        run = functools.partial(run_keyed, self.key, self.blob)
+        return list(self.pool.map(run, *zip(*args)))
+
+
 class _Run:
     """The enumeration's state across phases: counters, statistics, accepted structures."""
 
@@ -323,20 +341,25 @@ class _Run:
         budget = self.budget
         found_at: dict[int, int] = {}
         best: dict[int, int] = {}  # group -> smallest kernel depth found
+        streamed: set[int] = set()  # groups with a structure whose GEMMs stream K in a loop
         for t in tasks:
             self.known.setdefault(t.index, {})
         for depth in range(2, max_depth + 1):
+
+            def extra(g: int) -> int:  # deeper while only loop-free GEMM kernels are known
+                return budget.extra_depth if g in streamed else budget.loop_extra_depth
+
             alive = [
                 t for t in tasks
-                if (t.group not in best or depth <= best[t.group] + budget.extra_depth)
-                and (t.index not in found_at or depth <= found_at[t.index] + budget.extra_depth)
+                if (t.group not in best or depth <= best[t.group] + extra(t.group))
+                and (t.index not in found_at or depth <= found_at[t.index] + extra(t.group))
             ]  # fmt: skip
             if not alive:
                 break
             left = budget.max_candidates - self.examined
             args = [(t, depth, deadline, left, self.known[t.index]) for t in alive]
             if pool is not None:
-                outcomes = list(pool.map(run_task, *zip(*args)))
+                outcomes = pool.map(args)
             else:
                 outcomes = []
                 for a in args:
@@ -359,6 +382,8 @@ class _Run:
                     total = sum(len(k.ops) for k in s.kernels)  # a split-K pair counts both
                     g = group[o.index]
                     best[g] = min(best.get(g, total), total)
+                    if s.streams_gemms():
+                        streamed.add(g)
                 if o.stopped and self.stop_reason == "exhausted":
                     self.stop_reason = o.stopped
             if self.bar is not None:

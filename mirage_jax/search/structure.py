@@ -122,6 +122,15 @@ class Structure:
     kernels: tuple[KernelSpec, ...]
     outputs: tuple[Ref, ...]
 
+    def streams_gemms(self) -> bool:
+        """Whether every graph-defined kernel with a matmul walks a for-loop (a loop-free GEMM
+        holds its whole K in one tile: slow at large K; `Budget.loop_extra_depth`)."""
+        return all(
+            k.mapping.loop is not None
+            for k in self.kernels
+            if k.graph_defined and any(op in ("matmul", "concat_matmul") for op, _, _ in k.ops)
+        )
+
     def describe(self, name=lambda c: f"d{c}") -> str:
         parts = []
         for k in self.kernels:

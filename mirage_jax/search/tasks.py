@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,6 +227,18 @@ _WORKER: dict[str, Any] = {}
 
 def init_worker(problem: Problem) -> None:
     _WORKER["problem"] = problem
+
+
+def run_keyed(key: str, blob: bytes, *args: Any) -> TaskOutcome:
+    """`run_task` in a pool worker: the problem arrives pickled with its key, and the worker
+    keeps the last few it has seen, with what their tasks built lazily (targets)."""
+    problems = _WORKER.setdefault("problems", {})
+    problem = problems.get(key)
+    if problem is None:
+        problem = problems[key] = pickle.loads(blob)
+        while len(problems) > 4:
+            problems.pop(next(iter(problems)))
+    return run_task(*args, problem=problem)
 
 
 def _structure_key(problem: Problem, s: Structure) -> tuple[str, MuGraph | None]:

@@ -1,16 +1,20 @@
-"""The search's worker processes: spawned, and started without the user's `__main__`."""
+"""The search's worker processes: spawned, started without the user's `__main__`, and shared by
+every search of one `shared_pool()` block (one function's first call searches all its regions
+with one pool, instead of starting one per region)."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import os
+import pickle
 import sys
+import threading
 import types
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
-
-from mirage_jax.search.tasks import init_worker
 
 
 @contextlib.contextmanager
@@ -29,17 +33,19 @@ def _user_main_hidden():
 
 
 def _ready() -> int:
+    import fields  # noqa: F401  (galois, numba: imported before the first task, not in it)
+    import mirage_jax.search.tasks  # noqa: F401
+
     return os.getpid()
 
 
-def worker_pool(workers: int, problem: Any) -> ProcessPoolExecutor:
-    """`workers` spawned search processes holding `problem`, started without the user's
-    script: a script with no `if __name__ == "__main__":` guard works with workers > 1."""
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` spawned search processes, started without the user's script: a script with
+    no `if __name__ == "__main__":` guard works with workers > 1. Problems travel with the
+    tasks (`tasks.run_keyed`), so one pool serves any number of searches."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),  # no fork of a process using jax
-        initializer=init_worker,
-        initargs=(problem,),
     )
     with _user_main_hidden():
         # A spawn pool starts a worker per submit while none is idle: submit one task per
@@ -47,3 +53,65 @@ def worker_pool(workers: int, problem: Any) -> ProcessPoolExecutor:
         for f in [pool.submit(_ready) for _ in range(workers)]:
             f.result()
     return pool
+
+
+class _Shared:
+    lock = threading.Lock()
+    depth = 0
+    pool: ProcessPoolExecutor | None = None
+    workers = 0
+
+
+@contextlib.contextmanager
+def shared_pool() -> Iterator[None]:
+    """Searches run inside this block share one worker pool, started by the first that needs
+    it and shut down when the (outermost) block ends."""
+    with _Shared.lock:
+        _Shared.depth += 1
+    try:
+        yield
+    finally:
+        with _Shared.lock:
+            _Shared.depth -= 1
+            pool = _Shared.pool if _Shared.depth == 0 else None
+            if pool is not None:
+                _Shared.pool, _Shared.workers = None, 0
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+@contextlib.contextmanager
+def pool_for(workers: int) -> Iterator[ProcessPoolExecutor | None]:
+    """A pool of `workers` processes for one search (None for workers <= 1): the shared one
+    inside `shared_pool()`, else one of its own, shut down after the search."""
+    if workers <= 1:
+        yield None
+        return
+    with _Shared.lock:
+        shared = _Shared.depth > 0
+        old = None
+        if shared and (_Shared.pool is None or _Shared.workers != workers):
+            old, _Shared.pool, _Shared.workers = _Shared.pool, worker_pool(workers), workers
+        pool = _Shared.pool if shared else None
+    if old is not None:
+        old.shutdown(cancel_futures=True)
+    if pool is None:
+        pool = worker_pool(workers)
+        try:
+            yield pool
+        finally:
+            pool.shutdown(cancel_futures=True)
+        return
+    try:
+        yield pool
+    except BrokenProcessPool:  # a worker died: the next search starts a new pool
+        with _Shared.lock:
+            if _Shared.pool is pool:
+                _Shared.pool, _Shared.workers = None, 0
+        raise
+
+
+def problem_blob(problem: Any) -> tuple[str, bytes]:
+    """(key, pickled problem) for `tasks.run_keyed`: the key names this search's problem."""
+    blob = pickle.dumps(problem)
+    return f"{os.getpid()}:{id(problem)}:{len(blob)}:{hash(blob)}", blob

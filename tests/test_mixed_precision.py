@@ -1,0 +1,108 @@
+"""A matmul of an fp32 activation and fp16 weights: operands rounded to fp16, fp32 accumulation.
+
+Real model code normalises in fp32 and converts to the weights' dtype before the GEMM
+(`opdef.matmul_operand_dtype`). The µGraph's float meaning and both backends do the same, so
+the GEMM runs on tensor cores (an fp32 "ieee" tl.dot of a [16, 1024] tile ran 30x slower than
+the fp16 one on the H100, 2026-11-25: docs/perf_log.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mirage_jax.lower import lower, plan, source_of
+from mirage_jax.mugraph import BlockGraphBuilder, MuGraphBuilder, evaluate
+from mirage_jax.mugraph.opdef import matmul_operand_dtype
+
+
+def test_operand_dtype_rule():
+    assert matmul_operand_dtype(["float32", "float16"]) == "float16"
+    assert matmul_operand_dtype(["bfloat16", "float32"]) == "bfloat16"
+    assert matmul_operand_dtype(["float16", "float16"]) is None
+    assert matmul_operand_dtype(["float32", "float32"]) is None
+    assert matmul_operand_dtype(["float16", "bfloat16"]) is None  # no narrower one: fp32
+
+
+def mixed_graph():
+    """x (fp32, 32x64) @ w (fp16, 64x32) on tensor cores over a K loop; a row (fp32, M = 1)
+    @ w by multiply-sum."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=2)
+    x = b.input((32, 64), "float32", imap=(0,), forloop_dim=1)
+    w = b.input((64, 32), "float16", imap=(None,), forloop_dim=0)
+    b.output(b.op("accum_sum", b.op("matmul", x, w)), (0,))
+    v = BlockGraphBuilder(grid=(1,), forloop_range=2)
+    row = v.input((1, 64), "float32", imap=(None,), forloop_dim=1)
+    w2 = v.input((64, 32), "float16", imap=(None,), forloop_dim=0)
+    v.output(v.op("accum_sum", v.op("matmul", row, w2)), (None,))
+    mb = MuGraphBuilder()
+    xi, wi, ri = (
+        mb.input((32, 64), "float32"),
+        mb.input((64, 32), "float16"),
+        mb.input((1, 64), "float32"),
+    )
+    (o1,) = mb.graph_defined([xi, wi], b.build())
+    (o2,) = mb.graph_defined([ri, wi], v.build())
+    return mb.build([o1, o2], name="mixed")
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 32)).astype(np.float16)
+    r = rng.standard_normal((1, 64)).astype(np.float32)
+    return x, w, r
+
+
+def _products(x, w, r, round_to=None):
+    def rnd(a):
+        return a.astype(round_to).astype(np.float64) if round_to else a.astype(np.float64)
+
+    wf = w.astype(np.float64)
+    return rnd(x) @ wf, rnd(r) @ wf
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
+
+
+def test_float_meaning_rounds_the_wide_operand():
+    x, w, r = _inputs()
+    got = evaluate(mixed_graph(), x, w, r)
+    rounded = _products(x, w, r, np.float16)
+    exact = _products(x, w, r)
+    for g, want, unrounded in zip(got, rounded, exact):
+        assert _rel(g, want) < 1e-6  # fp32 sums of the fp16-rounded products
+        assert _rel(g, unrounded) > 1e-5  # and not the fp32 operands' products
+
+
+def test_pallas_interpret_follows_the_float_meaning():
+    x, w, r = _inputs()
+    g = mixed_graph()
+    want = evaluate(g, x, w, r)
+    got = lower(g, backend="pallas", interpret=True)(x, w, r)
+    for o, e in zip(got, want):
+        assert _rel(o, np.asarray(e, np.float64)) < 1e-6
+
+
+def test_triton_source_runs_the_mixed_gemm_in_fp16():
+    lines = [
+        line
+        for p in plan(mixed_graph()).values()
+        for line in source_of(p).splitlines()
+        if "# matmul" in line
+    ]
+    dots = [line for line in lines if "tl.dot(" in line]
+    sums = [line for line in lines if "tl.sum(" in line]
+    assert len(dots) == 1 and "ieee" not in dots[0] and "tl.float16" in dots[0], dots
+    assert len(sums) == 1 and ".to(tl.float16)" in sums[0], sums
+
+
+def test_triton_interpret_follows_the_float_meaning():
+    pytest.importorskip("triton")
+    x, w, r = _inputs()
+    g = mixed_graph()
+    want = evaluate(g, x, w, r)
+    got = lower(g, backend="triton", interpret=True)(x, w, r)
+    for o, e in zip(got, want):
+        assert _rel(o, np.asarray(e, np.float64)) < 1e-6
