@@ -107,6 +107,18 @@ def test_timing_order_sees_each_structure_before_a_second_tiling() -> None:
     assert [k for k, _ in timing_order(gs[:2], 4)] == [0, 1]
 
 
+def test_timing_order_skips_what_the_model_puts_far_behind() -> None:
+    """A one-block µGraph estimated 100x the best is not timed; without estimates, all are."""
+    from types import SimpleNamespace
+
+    from mirage_jax.select import FAR_BEHIND, timing_order
+
+    us = [10.0, 1000.0, 12.0, 10.0 * FAR_BEHIND]
+    gs = [SimpleNamespace(meta={"structure": s, "cost": {"us": u}}) for s, u in zip("abcd", us)]
+    assert [k for k, _ in timing_order(gs, 4)] == [0, 2, 3]
+    assert [k for k, _ in timing_order(gs, None)] == [0, 1, 2, 3]  # untimed: the model's order
+
+
 def test_in_context_timing_feeds_the_regions_own_inputs() -> None:
     """With `InContext`, XLA and every µGraph are timed on the region's own inputs (before the
     interface's layout steps) and return the region's own outputs; the float check is still on

@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.search import cost as cost_model
@@ -252,8 +254,12 @@ def search(
             one_piece += not any(k.predefined for k in s.kernels)
     seconds["numbers"] = time.perf_counter() - t0
 
-    # kernel cuts: when no µGraph of graph-defined kernels only was found, search the pieces
-    if not one_piece and budget.cuts and budget.max_kernels >= 2:
+    # kernel cuts: when no µGraph of graph-defined kernels only was found, or the best is far
+    # from the region's memory floor (outputs on dims no one grid axis splits: one block),
+    # search the pieces
+    best_one = min((c for c, _, g, _ in instances if not _has_predefined(g)), default=None)
+    starved = best_one is not None and best_one > STARVED * _floor_s(program, device)
+    if (not one_piece or starved) and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
         found, cut_stats = _search_cuts(program, budget, seed, target, device, cut_deadline)
         for c, g, desc in found:
@@ -399,6 +405,24 @@ class _Run:
                 self.stop_reason = "candidates"
                 break
             self.stats["depth"] = max(self.stats.get("depth", 0), depth)
+
+
+STARVED = 8.0
+"""A µGraph estimated slower than this multiple of the region's memory floor has the pieces
+searched too (`_search_cuts`), and the cheapest of all is kept."""
+
+
+def _floor_s(program: Program, device: cost_model.Device) -> float:
+    """The region's memory floor: its inputs read and outputs written once, one launch."""
+    nbytes = sum(
+        math.prod(shape) * np.dtype(dtype).itemsize
+        for shape, dtype in (*program.input_avals, *program.output_avals)
+    )
+    return device.launch_s + nbytes / device.bandwidth
+
+
+def _has_predefined(g: MuGraph) -> bool:
+    return any(op.op not in ("input", "graph_defined") for op in g.ops)
 
 
 def _merge(into: Counters, c: Counters) -> None:
