@@ -139,6 +139,7 @@ def _search_and_select(
         verify_trials=3,
         seed=opts.seed,
         strict=opts.strict,
+        tune_warps=opts.lower_config is None,
         context=(
             in_context(program, opts, backend, avals)
             if timed and avals is not None and program.meta.get("interface")

@@ -489,3 +489,25 @@ def test_gpu_triton_reads_inputs_stored_transposed_in_place():
     """The Triton backend reads a stored-transposed input through its strides."""
     pytest.importorskip("jax_triton")
     _views_check("triton", False)
+
+
+def test_warps_measured_by_select_reach_the_kernels(monkeypatch):
+    """A µGraph whose meta names warps (`select(tune_warps=True)` stored it) lowers with them
+    when no config is given; an explicit config wins."""
+    from mirage_jax.lower import pallas
+    from mirage_jax.lower.kernel_graph import WARPS
+    from mirage_jax.mugraph import MuGraph
+
+    seen = []
+    build = pallas.build_kernel
+    monkeypatch.setattr(
+        pallas,
+        "build_kernel",
+        lambda p, config, **kw: seen.append(config.num_warps) or build(p, config, **kw),
+    )
+    g = matmul_graph()
+    tuned = MuGraph(g.ops, g.outputs, {**g.meta, WARPS: 8})
+    lower(tuned, backend="pallas", interpret=True)
+    lower(g, backend="pallas", interpret=True)
+    lower(tuned, backend="pallas", config=PallasConfig(num_warps=2), interpret=True)
+    assert seen == [8, 8, 4, 4, 2, 2]

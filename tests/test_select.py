@@ -86,6 +86,34 @@ def test_tolerance_per_dtype_and_the_tie_rule():
     assert sel.best is None and "not faster" in sel.reason  # XLA wins exact ties
 
 
+def test_the_fastest_is_timed_again_with_more_warps_and_the_faster_kept():
+    """`tune_warps`: the winner is timed once more with TUNED_WARPS in its meta (the lowering
+    reads it), verified once; the faster form is chosen, and it keeps the winner's verdict."""
+    from mirage_jax.lower.kernel_graph import WARPS
+    from mirage_jax.select import TUNED_WARPS
+
+    p = program()
+    r = SearchResult((graph(), graph()), "exhausted", {})
+    lowered = []
+
+    def lower(g, backend="pallas"):
+        lowered.append(g.meta.get(WARPS))
+        fn = fake_lower()(g, backend)
+        fn.us = {None: 8.0, TUNED_WARPS: 6.0}[g.meta.get(WARPS)] + len(lowered) * 0.01
+        return fn
+
+    def timer(fn, inputs):
+        return getattr(fn, "us", 10.0), "fake"
+
+    sel = select(r, p, tie=0.0, timer=timer, lower=lower, tune_warps=True, verify_trials=1)
+    assert lowered == [None, None, TUNED_WARPS]
+    assert sel.best.meta[WARPS] == TUNED_WARPS and sel.chosen.us < 6.1
+    assert sel.chosen.verdict is sel.contenders[1].verdict and sel.chosen.verdict.equal
+    assert sel.contenders[-1].label == f"mugraph[0] with {TUNED_WARPS} warps"
+    sel = select(r, p, tie=0.0, timer=timer, lower=lower, verify_trials=1)  # not asked: no tuning
+    assert WARPS not in sel.best.meta
+
+
 def test_float_check_is_against_float64():
     p = program()
     xs = [np.full(s.shape, 0.5, np.float32) for s in SPECS]

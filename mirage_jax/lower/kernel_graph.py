@@ -26,6 +26,9 @@ from mirage_jax.lower.retile import retile
 from mirage_jax.mugraph import BlockGraph, MuGraph, MuGraphError, evaluate, validate
 from mirage_jax.mugraph.evaluate import apply_kernel_op
 
+WARPS = "num_warps"
+"""µGraph meta key: warps per block for kernels lowered with no config (`select` times them)."""
+
 
 def plan(mugraph: MuGraph, min_dot: int = MIN_DOT) -> dict[int, KernelPlan]:
     """Validate `mugraph` and plan each graph-defined kernel (kernel op index -> plan)."""
@@ -102,7 +105,11 @@ def lower(
         plan(mugraph)
         return jax.jit(functools.partial(evaluate, mugraph))
     mod = b.load()
-    config = mod.default_config() if config is None else config
+    if config is None:
+        config = mod.default_config()
+        warps = mugraph.meta.get(WARPS)  # the warps `select` measured best
+        if warps:
+            config = dataclasses.replace(config, num_warps=int(warps))
     plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
     if interpret is None:
         interpret = b.interpret or jax.default_backend() == "cpu"
