@@ -107,9 +107,16 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
 def _search_and_select(
     search_mod: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
 ) -> SearchOutcome:
-    from mirage_jax.cache import mugraph_to_json
-    from mirage_jax.select import FLOAT_TOL, random_inputs, select
+    found = search_only(search_mod, program, opts)
+    if isinstance(found, SearchOutcome):
+        return found
+    return select_searched(found, program, opts, backend, avals)
 
+
+def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
+    """The search half of `search_region`: a `SearchResult` with µGraphs to select from, or
+    the `SearchOutcome` (XLA) when there is none. Needs no GPU (`mirage_jax.zoo` runs it on
+    CPU workers and the selection where the GPU is)."""
     try:
         result = search_mod.search(
             program,
@@ -122,6 +129,17 @@ def _search_and_select(
         return SearchOutcome(None, None, None, {}, f"outside the search's fragment: {e}")
     if not result.mugraphs:
         return SearchOutcome(None, None, None, {}, result.message or result.stop_reason)
+    return result
+
+
+def select_searched(
+    result: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+) -> SearchOutcome:
+    """The selection half of `search_region`: lower, check and (on a GPU) time the searched
+    µGraphs of `result` against XLA (`mirage_jax.select`); what the cache stores."""
+    from mirage_jax.cache import mugraph_to_json
+    from mirage_jax.select import FLOAT_TOL, random_inputs, select
+
     timed = has_gpu() and backends.get(backend).needs_gpu
     sel = select(
         result,
