@@ -34,8 +34,9 @@ from mirage_jax.log import logger
 MAX_ATTEMPTS = 2
 """A failed task is tried once more, then reported."""
 FAULT_VAR = "MIRAGE_JAX_ZOO_KILL"
-"""Testing hook: `HASHPREFIX` makes a search task of a region whose canonical hash starts with
-it kill its own worker process on its first attempt; `HASHPREFIX:always` on every attempt."""
+"""Testing hook, read by the driver: `HASHPREFIX` makes the search task of a region whose
+canonical hash starts with it kill its own worker process on its first attempt;
+`HASHPREFIX:always` on every attempt."""
 
 
 # ---------------------------------------------------------------------- jobs and plan
@@ -127,9 +128,10 @@ def plan(jobs: Iterable[Job], owner: Any, backend: str | None, why_not: str, dev
 
 
 # ---------------------------------------------------------------------- tasks
-def search_task(program: Any, opts: Any, attempt: int = 1) -> Any:
-    """Phase 2 on a worker: `regions.search_only` (a `SearchResult`, or the XLA outcome)."""
-    _fault(program, attempt)
+def search_task(program: Any, opts: Any, attempt: int = 1, fault: str = "") -> Any:
+    """Phase 2 on a worker: `regions.search_only` (a `SearchResult`, or the XLA outcome);
+    `fault` is the driver's `FAULT_VAR` (a test of killed workers)."""
+    _fault(program, attempt, fault)
     from mirage_jax import search as search_mod
     from mirage_jax.regions import search_only
 
@@ -169,8 +171,7 @@ def _gpu_ids() -> str:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
 
-def _fault(program: Any, attempt: int) -> None:
-    spec = os.environ.get(FAULT_VAR, "")
+def _fault(program: Any, attempt: int, spec: str) -> None:
     if not spec:
         return
     prefix, _, when = spec.partition(":")
@@ -368,7 +369,8 @@ def run(
     def submit(kind: str, pr: PlannedRegion, attempt: int, found: Any = None) -> None:
         program = pr.region.program
         if kind == "search":
-            h = executor.submit("search", search_fn, program, task_opts, attempt)
+            fault = os.environ.get(FAULT_VAR, "")
+            h = executor.submit("search", search_fn, program, task_opts, attempt, fault)
         else:
             h = executor.submit(
                 "select", select_fn, found, program, task_opts, backend, pr.avals, attempt
