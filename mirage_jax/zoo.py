@@ -36,7 +36,7 @@ MAX_ATTEMPTS = 2
 FAULT_VAR = "MIRAGE_JAX_ZOO_KILL"
 """Testing hook, read by the driver: `HASHPREFIX` makes the search task of a region whose
 canonical hash starts with it kill its own worker process on its first attempt;
-`HASHPREFIX:always` on every attempt."""
+`HASHPREFIX:always` on every attempt; several, comma-separated."""
 
 
 # ---------------------------------------------------------------------- jobs and plan
@@ -172,11 +172,10 @@ def _gpu_ids() -> str:
 
 
 def _fault(program: Any, attempt: int, spec: str) -> None:
-    if not spec:
-        return
-    prefix, _, when = spec.partition(":")
-    if program.canonical_hash.startswith(prefix) and (when == "always" or attempt == 1):
-        os._exit(17)  # a worker killed mid-task
+    for item in filter(None, spec.split(",")):
+        prefix, _, when = item.partition(":")
+        if program.canonical_hash.startswith(prefix) and (when == "always" or attempt == 1):
+            os._exit(17)  # a worker killed mid-task
 
 
 # ---------------------------------------------------------------------- results
@@ -191,7 +190,8 @@ class RegionResult:
     reason: str
     structure: str = ""
     speedup: float | None = None
-    attempts: int = 0
+    attempts: int = 0  # of the last task (2: it was retried)
+    retried: int = 0  # failed tasks of this region that were tried again
     where: dict[str, Any] = field(default_factory=dict)
     entry: Any = None  # the stored `CacheEntry`
 
@@ -365,6 +365,7 @@ def run(
                disable=disable, initial=len(results))  # fmt: skip
     counts = {"searched": 0, "timed": 0, "cached": len(results), "failed": 0}
     pending: dict[Any, tuple[str, PlannedRegion, int, Any]] = {}
+    retried: dict[str, int] = {}
 
     def submit(kind: str, pr: PlannedRegion, attempt: int, found: Any = None) -> None:
         program = pr.region.program
@@ -387,7 +388,7 @@ def run(
             status = "not stored"
         results[pr.key] = RegionResult(
             pr.key, pr.users, status, "search", outcome.reason, _structure(outcome.mugraph),
-            _speedup(outcome.timings), attempts, where, entry,
+            _speedup(outcome.timings), attempts, retried.get(pr.key, 0), where, entry,
         )  # fmt: skip
         bar.update(1)
         bar.set_postfix(counts, refresh=True)
@@ -403,12 +404,13 @@ def run(
                     why = f"{kind} task failed ({type(value).__name__}: {_short(value, 300)})"
                     logger.warning("region %s attempt %d: %s", pr.key[:12], attempt, why)
                     if attempt < MAX_ATTEMPTS:
+                        retried[pr.key] = retried.get(pr.key, 0) + 1
                         submit(kind, pr, attempt + 1, found)
                         continue
                     counts["failed"] += 1
                     results[pr.key] = RegionResult(
                         pr.key, pr.users, "failed", kind, f"{why}, after {attempt} attempts",
-                        attempts=attempt,
+                        attempts=attempt, retried=retried.get(pr.key, 0),
                     )  # fmt: skip
                     bar.update(1)
                     bar.set_postfix(counts, refresh=True)
