@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mirage_jax.local_backend import probe
+
 INSTALL_HINT = 'install Ray with `pip install "mirage-jax[ray]"`'
 
 
@@ -52,14 +54,6 @@ def connect(mode: str, **init: Any) -> tuple[Any, bool]:
     return ray, mode == "local"
 
 
-def _probe(backend: str) -> tuple[str, str | None, str]:
-    """On a GPU worker: its device kind and the backend kernels are lowered for there."""
-    from mirage_jax._env import device_kind
-    from mirage_jax.regions import effective_backend
-
-    return (device_kind(), *effective_backend(backend))
-
-
 class RayExecutor:
     """`zoo.run`'s executor on a Ray cluster (see the module docstring)."""
 
@@ -83,9 +77,9 @@ class RayExecutor:
         """(device kind, backend, why not) where the selection runs: on a GPU worker when
         the cluster has GPUs, else here."""
         if self.gpus == 0:
-            return _probe(backend)
-        probe = self.ray.remote(num_gpus=1, num_cpus=1, max_retries=1)(_probe)
-        return tuple(self.ray.get(probe.remote(backend)))  # type: ignore[return-value]
+            return probe(backend)
+        remote = self.ray.remote(num_gpus=1, num_cpus=1, max_retries=1)(probe)
+        return tuple(self.ray.get(remote.remote(backend)))  # type: ignore[return-value]
 
     def submit(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
         return self._task(kind, fn).remote(*args)

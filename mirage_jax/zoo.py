@@ -22,7 +22,6 @@ failure is reported in the summary with its cause and the other regions go on.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -210,6 +209,7 @@ class Report:
     seconds: float
     searched: int = 0
     timed: int = 0
+    search_results: dict[str, Any] = field(default_factory=dict)
 
     def count(self, **match: str) -> int:
         return sum(all(getattr(r, k) == v for k, v in match.items()) for r in self.results)
@@ -267,65 +267,6 @@ def _structure(mugraph: Any) -> str:
     return "" if mugraph is None else str(mugraph.meta.get("structure", ""))
 
 
-# ---------------------------------------------------------------------- executors
-class LocalExecutor:
-    """Searches in a spawned process pool of `workers` processes on this machine (as
-    `mirage_jax.search` uses), selection in this process (on its GPU, if any)."""
-
-    name = "local process pool"
-
-    def __init__(self, workers: int = 1):
-        self.workers = max(1, int(workers))
-        self._pool: cf.ProcessPoolExecutor | None = None
-
-    def target(self, backend: str) -> tuple[str, str | None, str]:
-        from mirage_jax._env import device_kind
-        from mirage_jax.regions import effective_backend
-
-        return (device_kind(), *effective_backend(backend))
-
-    def _get_pool(self) -> cf.ProcessPoolExecutor:
-        if self._pool is None:
-            import multiprocessing
-
-            from mirage_jax.search.workers import _user_main_hidden
-
-            with _user_main_hidden():
-                self._pool = cf.ProcessPoolExecutor(
-                    self.workers, mp_context=multiprocessing.get_context("spawn")
-                )
-        return self._pool
-
-    def submit(self, kind: str, fn: Callable[..., Any], *args: Any) -> cf.Future:
-        if kind == "select":  # in this process, on its GPU
-            f: cf.Future = cf.Future()
-            try:
-                f.set_result(fn(*args))
-            except Exception as e:
-                f.set_exception(e)
-            return f
-        from mirage_jax.search.workers import _user_main_hidden
-
-        pool = self._get_pool()
-        with _user_main_hidden():  # a worker started now does not re-run the user's script
-            return pool.submit(fn, *args)
-
-    def wait(self, handles: Sequence[Any]) -> list[tuple[Any, bool, Any]]:
-        done, _ = cf.wait(handles, return_when=cf.FIRST_COMPLETED)
-        out = []
-        for f in done:
-            e = f.exception()
-            out.append((f, e is None, e if e is not None else f.result()))
-        if any(isinstance(e, cf.process.BrokenProcessPool) for _, ok, e in out if not ok):
-            self._pool = None  # a worker died: a fresh pool for what is retried
-        return out
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
-
-
 # ---------------------------------------------------------------------- the driver
 def run(
     the_plan: Plan,
@@ -335,9 +276,16 @@ def run(
     progress: bool | None = None,
     search_fn: Callable[..., Any] = search_task,
     select_fn: Callable[..., Any] = select_task,
+    searched: Mapping[str, Any] | None = None,
+    stop_after_search: bool = False,
 ) -> Report:
     """Search and select every region of `the_plan` missing from the cache with `executor`,
-    storing each result in `owner.cache` as it arrives (the only writer)."""
+    storing each result in `owner.cache` as it arrives (the only writer).
+
+    `searched`: search results by key from an earlier run (`Report.search_results`), whose
+    regions are only selected; `stop_after_search`: search only (the results are in
+    `Report.search_results`, nothing is selected or stored).
+    """
     from tqdm.auto import tqdm
 
     from mirage_jax.regions import SearchOutcome
@@ -394,9 +342,24 @@ def run(
         bar.set_postfix(counts, refresh=True)
         logger.info("region %s (%s): %s: %s", pr.key[:12], pr.users[0], status, outcome.reason)
 
+    search_results: dict[str, Any] = {}
+
+    def searched_one(pr: PlannedRegion, value: Any, attempt: int) -> None:
+        if stop_after_search:
+            search_results[pr.key] = value
+            bar.update(1)
+            bar.set_postfix(counts, refresh=True)
+        elif isinstance(value, SearchOutcome):
+            finish(pr, value, attempt, {})
+        else:
+            submit("select", pr, 1, value)
+
     try:
         for pr in todo:
-            submit("search", pr, 1)
+            if searched is not None and pr.key in searched:
+                searched_one(pr, searched[pr.key], 1)
+            else:
+                submit("search", pr, 1)
         while pending:
             for h, ok, value in executor.wait(list(pending)):
                 kind, pr, attempt, found = pending.pop(h)
@@ -417,10 +380,7 @@ def run(
                     continue
                 if kind == "search":
                     counts["searched"] += 1
-                    if isinstance(value, SearchOutcome):
-                        finish(pr, value, attempt, {})
-                    else:
-                        submit("select", pr, 1, value)
+                    searched_one(pr, value, attempt)
                 else:
                     counts["timed"] += 1
                     outcome, where = value
@@ -431,7 +391,7 @@ def run(
     ordered = [results[k] for k in the_plan.regions if k in results]
     return Report(
         ordered, the_plan, executor.name, time.perf_counter() - t0, counts["searched"],
-        counts["timed"],
+        counts["timed"], search_results,
     )  # fmt: skip
 
 
@@ -451,6 +411,7 @@ def optimize_many(
     options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     ray_init: Mapping[str, Any] | None = None,
+    gpus: int = 0,
 ) -> Report:
     """Search (and cache) kernels for many functions at many shapes; each distinct region is
     searched once, and regions already in the cache are skipped.
@@ -464,6 +425,8 @@ def optimize_many(
             `ray start --head`) or "local" (start a Ray cluster on this machine).
         progress: a progress bar over regions (None: only on a terminal).
         ray_init: extra `ray.init` arguments (e.g. num_cpus, num_gpus for `ray="local"`).
+        gpus: with `ray="off"`, select in one process per GPU (GPUs 0..gpus-1) instead of in
+            this process.
     """
     from mirage_jax.api import MirageJit
 
@@ -474,7 +437,9 @@ def optimize_many(
         options=options, progress=False,
     )  # fmt: skip
     if ray == "off":
-        executor: Any = LocalExecutor(workers)
+        from mirage_jax.local_backend import LocalExecutor
+
+        executor: Any = LocalExecutor(workers, gpus)
     else:
         from mirage_jax.ray_backend import RayExecutor
 
