@@ -311,7 +311,8 @@ def run(
     disable = None if progress is None else not progress
     bar = tqdm(total=len(the_plan.regions), desc="mirage_jax optimize", unit="region",
                disable=disable, initial=len(results))  # fmt: skip
-    counts = {"searched": 0, "timed": 0, "cached": len(results), "failed": 0}
+    cached = sum(r.source == "cache" for r in results.values())
+    counts = {"searched": 0, "timed": 0, "cached": cached, "failed": 0}
     pending: dict[Any, tuple[str, PlannedRegion, int, Any]] = {}
     retried: dict[str, int] = {}
 
@@ -328,14 +329,18 @@ def run(
 
     def finish(pr: PlannedRegion, outcome: Any, attempts: int, where: dict) -> None:
         entry = resolver.entry(pr.region, outcome)
-        status = "xla" if outcome.mugraph is None else "kernel"
+        status, reason = ("xla" if outcome.mugraph is None else "kernel"), outcome.reason
         if outcome.cacheable and owner.cache is not None:
-            owner.cache.put(entry)
-            counts["cached"] += 1
+            try:
+                owner.cache.put(entry)
+                counts["cached"] += 1
+            except Exception as e:  # reported; the other regions go on
+                counts["failed"] += 1
+                status, reason = "failed", f"not stored in {owner.cache.path} ({e}); {reason}"
         elif not outcome.cacheable:
             status = "not stored"
         results[pr.key] = RegionResult(
-            pr.key, pr.users, status, "search", outcome.reason, _structure(outcome.mugraph),
+            pr.key, pr.users, status, "search", reason, _structure(outcome.mugraph),
             _speedup(outcome.timings), attempts, retried.get(pr.key, 0), where, entry,
         )  # fmt: skip
         bar.update(1)

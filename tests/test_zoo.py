@@ -162,3 +162,38 @@ def test_ray_auto_without_a_cluster_says_how_to_start_one(capsys, monkeypatch, t
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "no running Ray cluster" in err and "ray start --head" in err and "--ray local" in err
+
+
+def test_a_killed_driver_loses_nothing_finished_and_the_rerun_does_the_rest(local_run, tmp_path):
+    """The CLI (local pool, one worker) is killed once it has stored a region; what it stored
+    stays, and a rerun searches exactly the regions that were missing."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "killed.sqlite"
+    argv = [sys.executable, "-m", "mirage_jax.cli", "optimize", "--models", ",".join(MODELS),
+            "-b", "1", "-b", "2", "--backend", "pallas-interpret", "--budget-s", "30",
+            "--workers", "1", "--cache", str(db), "-q"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stored = 0
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            stored = len(Cache(db).entries()) if db.exists() else 0
+            if stored:
+                break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    kept = entries(Cache(db))
+    assert 1 <= len(kept) < 4
+    ref = entries(local_run[0])
+    assert all(kept[k] == ref[k] for k in kept)
+    rerun = zoo.optimize_many(jobs(), cache=Cache(db), workers=2, ray="off", **OPTS)
+    assert rerun.searched == 4 - len(kept) and not rerun.failed
+    assert entries(Cache(db)) == ref
