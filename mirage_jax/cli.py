@@ -487,7 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
         "it, search each Lax region not yet in the cache (progress bar on stderr), select the "
         "fastest verified µGraph or XLA, and store the choice in the cache so that "
         "@mirage_jax.jit finds it. Example: mirage-jax optimize experiments.benchmarks:rmsnorm "
-        "--arg 'f16[2,4096]' --arg 'f16[4096,6144]'",
+        "--arg 'f16[2,4096]' --arg 'f16[4096,6144]'. With --models, many models at several "
+        "batch sizes at once, each distinct region searched once, on this machine or a Ray "
+        "cluster (--ray), with a summary table per region: mirage-jax optimize --models all "
+        "-b 1 -b 8 --ray local",
     )
     _add_function_args(opt, optional=True)
     _add_search_args(opt)

@@ -11,6 +11,7 @@ that it can report the cause. Every machine needs mirage-jax installed (`pip ins
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,13 @@ def connect(mode: str, **init: Any) -> tuple[Any, bool]:
     if ray.is_initialized():
         return ray, False
     init = {"include_dashboard": False, "log_to_driver": False} | init
+    with warnings.catch_warnings():  # Ray forks only to exec its own processes
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        _init(ray, mode, init)
+    return ray, mode == "local"
+
+
+def _init(ray: Any, mode: str, init: dict[str, Any]) -> None:
     if mode == "auto":
         try:
             ray.init(address="auto", **init)
@@ -51,7 +59,6 @@ def connect(mode: str, **init: Any) -> tuple[Any, bool]:
         ray.init(address="local", **init)
     else:
         raise ValueError(f"ray mode must be 'auto' or 'local', got {mode!r}")
-    return ray, mode == "local"
 
 
 class RayExecutor:

@@ -11,6 +11,7 @@ cost model's best µGraph that lowers and passes the float check is stored.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import numpy as np
@@ -54,7 +55,9 @@ def local_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with warnings.catch_warnings():  # Ray forks only to exec its own processes
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
