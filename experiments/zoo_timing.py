@@ -199,7 +199,8 @@ def write(args: argparse.Namespace, state: dict[str, Any]) -> Path:
         "method": "searches once on the CPUs (seed, budget below); then for each GPU count a "
         f"fresh {args.executor} executor runs one selection task per region, one GPU per task; "
         "wall_s: from the first task submitted to the last result (the GPU processes' start "
-        "included); per_gpu: tasks and the sum of their seconds on each GPU",
+        "included); per_gpu: tasks and the sum of their seconds on each GPU; "
+        "XLA_PYTHON_CLIENT_PREALLOCATE=false in every process (the driver shares GPU 0)",
         "command": " ".join(sys.argv),
         "machine": machine(),
         "versions": versions(),
