@@ -200,3 +200,25 @@ def test_a_killed_driver_loses_nothing_finished_and_the_rerun_does_the_rest(loca
     rerun = zoo.optimize_many(jobs(), cache=Cache(db), workers=2, ray="off", **OPTS)
     assert rerun.searched == 4 - len(kept) and not rerun.failed
     assert entries(Cache(db)) == ref
+
+
+def test_zoo_timing_spreads_selection_over_the_gpu_processes(tmp_path, capsys):
+    """experiments/zoo_timing.py on the CPU with two pretended GPUs (local executor): each GPU
+    process gets work, both runs make the same choices, the result file says so (untimed)."""
+    import json
+
+    from experiments import zoo_timing
+
+    argv = ["--size", "tiny", "--models", "sdpa_decode", "--batches", "1", "2", "--fake-gpus",
+            "2", "--backend", "pallas-interpret", "--executor", "local", "--budget-s", "30",
+            "--cpus", "2", "--out", str(tmp_path)]  # fmt: skip
+    assert zoo_timing.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[gpu 0]" in out and "[gpu 1]" in out
+    (path,) = tmp_path.glob("zoo_timing_*.json")
+    doc = json.loads(path.read_text())
+    assert [r["gpus"] for r in doc["runs"]] == [1, 2]
+    assert set(doc["runs"][0]["per_gpu"]) == {"0"}
+    assert set(doc["runs"][1]["per_gpu"]) == {"0", "1"}
+    assert doc["comparison"]["same_choices"] is True and doc["regions"] == 2
+    assert doc["versions"]["jax"] and doc["machine"]["cpus"]
