@@ -10,9 +10,12 @@ every region gets the same choice (XLA, or the same µGraph), and writes
 run) and a `.md` table to `--out` (default `$OUT`, else experiments/results).
 
     python -m experiments.zoo_timing --out "$OUT"                     # everything, one command
-    python -m experiments.zoo_timing --phase search --state S.pkl     # or split in three
-    python -m experiments.zoo_timing --phase time --gpus 1 --state S.pkl --out "$OUT"
-    python -m experiments.zoo_timing --phase time --gpus 2 --state S.pkl --out "$OUT"
+    python -m experiments.zoo_timing --phase search --state "$OUT/zoo_state.pkl"   # or in two:
+    python -m experiments.zoo_timing --phase time --gpus 1,2 --state zoo_state.pkl --out "$OUT"
+
+(between the two, copy zoo_state.pkl from what came back into the repository root, so that it
+travels with the working tree; `--models A B` takes a part of the set where a run would pass
+the device machine's 10 minutes.)
 
 Executors: `--executor local` (default where Ray is not installed) runs the searches in a
 spawned process pool and the selections in one process per GPU (`CUDA_VISIBLE_DEVICES` set to
@@ -29,6 +32,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax: t
 # the GPU processes share GPU 0, and the driver needs only a context there
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import pickle
@@ -138,8 +142,10 @@ def time_phase(args: argparse.Namespace, state: dict[str, Any], gpus: int) -> di
 
     ex = executor(args.executor, gpus, args.cpus)
     print(f"# timing on {gpus} GPU(s) with {ex.name} ...", flush=True)
-    report = zoo.run(state["plan"], owner(args), ex, progress=args.progress,
-                     searched=state["searched"])  # fmt: skip
+    plan = state["plan"]  # only the searched regions (a failed search is not run again here)
+    plan = dataclasses.replace(plan, regions={k: v for k, v in plan.regions.items()
+                                              if k in state["searched"]})  # fmt: skip
+    report = zoo.run(plan, owner(args), ex, progress=args.progress, searched=state["searched"])
     rows = []
     per_gpu: dict[str, dict[str, float]] = {}
     for r in report.results:
