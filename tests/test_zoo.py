@@ -12,6 +12,7 @@ cost model's best µGraph that lowers and passes the float check is stored.
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 
 import jax
@@ -35,12 +36,18 @@ def jobs() -> list[zoo.Job]:
     return [*out, zoo.Job("again_" + first.name, first.fn, first.args)]
 
 
+WALL_CLOCK = ("search_s", "select_s")
+"""Timings that are seconds of wall clock (where the search records them), not choices."""
+
+
 def entries(cache: Cache) -> dict[str, dict]:
-    """Every entry's fields but its creation date, by key."""
+    """Every entry's fields but its creation date and wall-clock seconds, by key."""
     out = {}
     for e in cache.entries():
         d = dataclasses.asdict(e)
         d.pop("created_at")
+        timings = {k: v for k, v in e.timings.items() if k not in WALL_CLOCK}
+        d["timings_json"] = json.dumps(timings, sort_keys=True)
         out[e.key] = d
     return out
 
@@ -206,7 +213,6 @@ def test_a_killed_driver_loses_nothing_finished_and_the_rerun_does_the_rest(loca
 def test_zoo_timing_spreads_selection_over_the_gpu_processes(tmp_path, capsys):
     """experiments/zoo_timing.py on the CPU with two pretended GPUs (local executor): each GPU
     process gets work, both runs make the same choices, the result file says so (untimed)."""
-    import json
 
     from experiments import zoo_timing
 
