@@ -18,5 +18,7 @@ from mirage_jax.explain import Explanation as Explanation
 from mirage_jax.explain import explain as explain
 from mirage_jax.log import configure_from_env as _configure_log
 from mirage_jax.log import logger as logger
+from mirage_jax.zoo import Job as Job
+from mirage_jax.zoo import optimize_many as optimize_many
 
 _configure_log()

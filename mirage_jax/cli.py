@@ -48,6 +48,10 @@ def _optimize(args: argparse.Namespace) -> int:
     import mirage_jax
     from mirage_jax.explain import _region_lines
 
+    if args.models is not None or args.ray != "off":
+        return _optimize_many(args)
+    if args.target is None:
+        raise UsageError("give MODULE:FUNCTION (with --arg specs), or --models NAMES")
     fn, values = function_and_args(args.target, args.arg or [])
     cache = _open(args)
     cache.check_writable()  # before the search: its results would be lost
@@ -84,6 +88,41 @@ def _optimize(args: argparse.Namespace) -> int:
             f"mirage-jax optimize: nothing was optimised: {open_regions[0].reason}",
             file=sys.stderr,
         )
+        return 1
+    return 0
+
+
+def _optimize_many(args: argparse.Namespace) -> int:
+    """`optimize --models ...` (or `--ray`): many functions and shapes (`mirage_jax.zoo`)."""
+    from mirage_jax import zoo
+    from mirage_jax.ray_backend import RayUnavailable
+
+    jobs: list[Any] = []
+    if args.target is not None:
+        fn, values = function_and_args(args.target, args.arg or [])
+        jobs.append(zoo.Job(args.target, fn, tuple(values)))
+    if args.models is not None:
+        _experiments("optimize --models", "models")
+        names = [n for n in args.models.split(",") if n]
+        try:
+            jobs += zoo.model_jobs(names, tuple(args.batch or (1, 8)), args.size)
+        except (KeyError, ValueError) as e:
+            raise UsageError(one_line(e.args[0] if e.args else e)) from None
+    cache = _open(args)
+    cache.check_writable()  # before the search: its results would be lost
+    try:
+        report = zoo.optimize_many(
+            jobs, backend=args.backend, budget_s=args.budget_s, cache=cache, seed=args.seed,
+            workers=args.workers, ray=args.ray, progress=not args.quiet,
+        )  # fmt: skip
+    except RayUnavailable as e:
+        raise CommandError(one_line(e, 1000)) from e
+    print(report.text())
+    print(f"# cache {cache.path}")
+    if report.failed:
+        return 1
+    if report.plan.backend is None and report.results:
+        print(f"mirage-jax optimize: nothing was optimised: {report.plan.why_not}", file=sys.stderr)
         return 1
     return 0
 
@@ -360,9 +399,10 @@ def _add_reproduce_args(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------- parser
-def _add_function_args(p: argparse.ArgumentParser) -> None:
+def _add_function_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument(
         "target",
+        nargs="?" if optional else None,
         metavar="MODULE:FUNCTION",
         help="the function to optimise: a dotted module path or a .py file, a colon, and the "
         "function's name (e.g. experiments.benchmarks:rmsnorm or model.py:block)",
@@ -387,6 +427,37 @@ def _add_search_args(p: argparse.ArgumentParser, when: str = "", seed: bool = Tr
         type=at_least_one,
         default=1,
         help=when + "search worker processes (>= 1; default: %(default)s)",
+    )
+
+
+def _add_many_args(p: argparse.ArgumentParser) -> None:
+    """optimize's --models, --size, --batch and --ray (`mirage_jax.zoo`)."""
+    from mirage_jax.zoo import RAY_MODES
+
+    p.add_argument(
+        "--models",
+        metavar="NAMES",
+        help="optimise models of experiments/models at once, comma-separated, or 'all' "
+        "(each distinct region is searched once; regions already cached are skipped)",
+    )
+    p.add_argument(
+        "--size", default="tiny", help="with --models: tiny, realistic or llama7b (default: tiny)"
+    )
+    p.add_argument(
+        "--batch",
+        "-b",
+        type=at_least_one,
+        action="append",
+        help="with --models: a batch size; repeat it for several (default: 1 and 8)",
+    )
+    p.add_argument(
+        "--ray",
+        choices=RAY_MODES,
+        default="off",
+        help="off: search with the local process pool (--workers regions at once); auto: "
+        "join the running Ray cluster (`ray start --head`); local: start one on this machine. "
+        "Ray searches on CPUs and times on GPUs, one GPU per task "
+        '(pip install "mirage-jax[ray]"; default: %(default)s)',
     )
 
 
@@ -416,13 +487,17 @@ def build_parser() -> argparse.ArgumentParser:
         "it, search each Lax region not yet in the cache (progress bar on stderr), select the "
         "fastest verified µGraph or XLA, and store the choice in the cache so that "
         "@mirage_jax.jit finds it. Example: mirage-jax optimize experiments.benchmarks:rmsnorm "
-        "--arg 'f16[2,4096]' --arg 'f16[4096,6144]'",
+        "--arg 'f16[2,4096]' --arg 'f16[4096,6144]'. With --models, many models at several "
+        "batch sizes at once, each distinct region searched once, on this machine or a Ray "
+        "cluster (--ray), with a summary table per region: mirage-jax optimize --models all "
+        "-b 1 -b 8 --ray local",
     )
-    _add_function_args(opt)
+    _add_function_args(opt, optional=True)
     _add_search_args(opt)
     opt.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     opt.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_cache_arg(opt)
+    _add_many_args(opt)
     opt.set_defaults(func=_optimize)
 
     exp = sub.add_parser(

@@ -145,16 +145,7 @@ class Resolver:
             )
             return xla_decision(region, f"search failed ({type(e).__name__}: {e})")
         owner.stats.searches += 1
-        entry = Cache.entry(
-            region.program.canonical_hash,
-            self.device,
-            self.backend,
-            mugraph_json=found.mugraph_json,
-            verdict_json=found.verdict_json,
-            timings={**found.timings, "reason": found.reason, "from": provenance(region.program)},
-            options=self.key_options(),
-            version=self.version,
-        )
+        entry = self.entry(region, found)
         if owner.cache is not None and found.cacheable:
             try:
                 owner.cache.put(entry)
@@ -164,6 +155,26 @@ class Resolver:
                     f"mirage_jax cache {owner.cache.path}: could not store a search result "
                     f"({type(e).__name__}: {e})",
                 )
+        return self._decision(
+            region, entry, found.mugraph, "search", found.reason, f"search: {found.reason}"
+        )
+
+    def entry(self, region: Any, found: Any) -> CacheEntry:
+        """The cache entry a region's `SearchOutcome` is stored as (`mirage_jax.zoo` writes
+        the same entries)."""
+        return Cache.entry(
+            region.program.canonical_hash,
+            self.device,
+            self.backend,
+            mugraph_json=found.mugraph_json,
+            verdict_json=found.verdict_json,
+            timings={**found.timings, "reason": found.reason, "from": provenance(region.program)},
+            options=self.key_options(),
+            version=self.version,
+        )
+
+    def decision(self, region: Any, entry: CacheEntry, found: Any) -> RegionDecision:
+        """The decision a just-searched region's stored `entry` stands for."""
         return self._decision(
             region, entry, found.mugraph, "search", found.reason, f"search: {found.reason}"
         )

@@ -1,0 +1,231 @@
+"""`mirage_jax.zoo` (`mirage-jax optimize --models`): many functions and shapes at once, on the
+local process pool and on a local 2-CPU Ray cluster; deduplication, resumability, retries.
+
+The set is the tiny real-model set's attention entries (sdpa_decode, sdpa) at batches 1 and 2:
+four distinct regions whose searches are exhausted in seconds, so their results depend on the
+seed only. The budget is large (600 s) so that no search is stopped by it on a loaded machine
+(a full parallel suite beside other work slowed them past 15 s once); a search stopped by its
+time budget would not be comparable between runs (experiments/results/zoo_tiny_cpu_*.txt). Backend pallas-interpret: nothing is timed on the CPU, the
+cost model's best µGraph that lowers and passes the float check is stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from mirage_jax import zoo
+from mirage_jax.cache import Cache
+
+MODELS = ("sdpa_decode", "sdpa")
+BATCHES = (1, 2)
+OPTS = dict(backend="pallas-interpret", budget_s=600.0, seed=0, progress=False)
+
+pytestmark = pytest.mark.usefixtures("quiet_mirage")
+
+
+def jobs() -> list[zoo.Job]:
+    """The set, plus sdpa_decode at batch 1 again under another name (its region is shared)."""
+    out = zoo.model_jobs(MODELS, BATCHES, "tiny")
+    first = out[0]
+    return [*out, zoo.Job("again_" + first.name, first.fn, first.args)]
+
+
+WALL_CLOCK = ("search_s", "select_s")
+"""Timings that are seconds of wall clock (where the search records them), not choices."""
+
+
+def entries(cache: Cache) -> dict[str, dict]:
+    """Every entry's fields but its creation date and wall-clock seconds, by key."""
+    out = {}
+    for e in cache.entries():
+        d = dataclasses.asdict(e)
+        d.pop("created_at")
+        timings = {k: v for k, v in e.timings.items() if k not in WALL_CLOCK}
+        d["timings_json"] = json.dumps(timings, sort_keys=True)
+        out[e.key] = d
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """The set optimised with the local process pool (2 workers): the reference entries."""
+    cache = Cache(tmp_path_factory.mktemp("zoo") / "local.sqlite")
+    report = zoo.optimize_many(jobs(), cache=cache, workers=2, ray="off", **OPTS)
+    return cache, report
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    with warnings.catch_warnings():  # Ray forks only to exec its own processes
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_local_pool_searches_each_distinct_region_once(local_run):
+    cache, report = local_run
+    assert len(report.results) == 4  # 5 jobs, 5 regions, 4 distinct
+    assert sum(len(r.users) for r in report.results) == 5
+    assert report.searched == 4 and not report.failed
+    assert {r.status for r in report.results} == {"kernel"}
+    assert set(entries(cache)) == {r.key for r in report.results}
+    text = report.text()
+    assert "again_sdpa_decode_tiny_b1" not in text and "(+1)" in text
+    assert "matmul" in text  # the structure chosen
+
+
+def test_ray_entries_equal_local_pool_entries_and_rerun_skips_them(
+    local_run, ray_cluster, tmp_path
+):
+    cache = Cache(tmp_path / "ray.sqlite")
+    report = zoo.optimize_many(jobs(), cache=cache, ray="local", **OPTS)
+    assert report.executor.startswith("Ray (2 CPU")
+    assert report.searched == 4 and not report.failed
+    assert entries(cache) == entries(local_run[0])
+    again = zoo.optimize_many(jobs(), cache=cache, ray="local", **OPTS)
+    assert again.searched == 0 and {r.source for r in again.results} == {"cache"}
+    assert [r.status for r in again.results] == [r.status for r in report.results]
+    assert ray_cluster.is_initialized()  # a cluster it did not start is left running
+
+
+def test_killed_workers_are_retried_once_then_reported_and_a_rerun_finishes_the_rest(
+    local_run, ray_cluster, tmp_path, monkeypatch
+):
+    ref = entries(local_run[0])
+    by_hash = {r.entry.region_hash: r.key for r in local_run[1].results}
+    once, always = sorted(by_hash)[:2]
+    monkeypatch.setenv(zoo.FAULT_VAR, f"{once[:16]},{always[:16]}:always")
+    cache = Cache(tmp_path / "killed.sqlite")
+    report = zoo.optimize_many(jobs(), cache=cache, ray="local", **OPTS)
+    status = {r.key: r for r in report.results}
+    assert status[by_hash[once]].retried == 1 and status[by_hash[once]].status == "kernel"
+    failed = status[by_hash[always]]
+    assert failed.status == "failed" and failed.attempts == 2 and failed.retried == 1
+    assert "search task failed (WorkerCrashedError" in failed.reason
+    assert "after 2 attempts" in failed.reason
+    assert "failed" in report.text()
+    got = entries(cache)
+    assert set(got) == set(ref) - {by_hash[always]}  # everything else finished and is stored
+    assert all(got[k] == ref[k] for k in got)
+
+    monkeypatch.delenv(zoo.FAULT_VAR)
+    rerun = zoo.optimize_many(jobs(), cache=cache, ray="local", **OPTS)
+    assert rerun.searched == 1  # only what was missing
+    assert not rerun.failed
+    assert entries(cache) == ref
+
+
+def test_jit_uses_exported_and_imported_entries_without_searching(local_run, tmp_path):
+    import mirage_jax
+    from experiments import models
+
+    path = tmp_path / "entries.jsonl"
+    assert local_run[0].export(path) == 4
+    other = Cache(tmp_path / "other.sqlite")
+    assert other.import_(path).imported == 4
+    m = models.get("sdpa_decode", 2, "tiny")
+    case = m.make(seed=0)
+    f = mirage_jax.jit(m.fn, backend="pallas-interpret", search="cached", cache=other)
+    got = f(*case.args)
+    assert f.stats.searches == 0 and f.stats.cache_hits == 1 and f.stats.kernels == 1
+    want = jax.jit(m.fn)(*case.args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_cli_optimizes_models_from_the_cache_and_names_what_is_wrong(local_run, capsys, tmp_path):
+    from mirage_jax.cli import main
+
+    path = tmp_path / "cli.jsonl"
+    local_run[0].export(path)
+    db = tmp_path / "cli.sqlite"
+    Cache(db).import_(path)
+    argv = ["optimize", "--models", ",".join(MODELS), "-b", "1", "-b", "2", "--size", "tiny",
+            "--backend", "pallas-interpret", "--cache", str(db), "-q"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "4 cached, 0 searched" in out and "sdpa_tiny_b2.r0" in out
+    assert main(["optimize", "--models", "no_such_model", "--cache", str(db)]) == 2
+    assert "no model 'no_such_model'" in capsys.readouterr().err
+    assert main(["optimize", "--cache", str(db)]) == 2
+    assert "--models" in capsys.readouterr().err
+
+
+def test_ray_auto_without_a_cluster_says_how_to_start_one(capsys, monkeypatch, tmp_path):
+    ray = pytest.importorskip("ray")
+
+    def no_cluster(*args, **kwargs):  # what ray.init(address="auto") raises with none running
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    from mirage_jax.cli import main
+
+    argv = ["optimize", "--models", "sdpa_decode", "-b", "1", "--ray", "auto",
+            "--cache", str(tmp_path / "c.sqlite")]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "no running Ray cluster" in err and "ray start --head" in err and "--ray local" in err
+
+
+def test_a_killed_driver_loses_nothing_finished_and_the_rerun_does_the_rest(local_run, tmp_path):
+    """The CLI (local pool, one worker) is killed once it has stored a region; what it stored
+    stays, and a rerun searches exactly the regions that were missing."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "killed.sqlite"
+    argv = [sys.executable, "-m", "mirage_jax.cli", "optimize", "--models", ",".join(MODELS),
+            "-b", "1", "-b", "2", "--backend", "pallas-interpret", "--budget-s", "600",
+            "--workers", "1", "--cache", str(db), "-q"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stored = 0
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            stored = len(Cache(db).entries()) if db.exists() else 0
+            if stored:
+                break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    kept = entries(Cache(db))
+    assert 1 <= len(kept) < 4
+    ref = entries(local_run[0])
+    assert all(kept[k] == ref[k] for k in kept)
+    rerun = zoo.optimize_many(jobs(), cache=Cache(db), workers=2, ray="off", **OPTS)
+    assert rerun.searched == 4 - len(kept) and not rerun.failed
+    assert entries(Cache(db)) == ref
+
+
+def test_zoo_timing_spreads_selection_over_the_gpu_processes(tmp_path, capsys):
+    """experiments/zoo_timing.py on the CPU with two pretended GPUs (local executor): each GPU
+    process gets work, both runs make the same choices, the result file says so (untimed)."""
+
+    from experiments import zoo_timing
+
+    argv = ["--size", "tiny", "--models", "sdpa_decode", "--batches", "1", "2", "--fake-gpus",
+            "2", "--backend", "pallas-interpret", "--executor", "local", "--budget-s", "600",
+            "--cpus", "2", "--out", str(tmp_path)]  # fmt: skip
+    assert zoo_timing.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[gpu 0]" in out and "[gpu 1]" in out
+    (path,) = tmp_path.glob("zoo_timing_*.json")
+    doc = json.loads(path.read_text())
+    assert [r["gpus"] for r in doc["runs"]] == [1, 2]
+    assert set(doc["runs"][0]["per_gpu"]) == {"0"}
+    assert set(doc["runs"][1]["per_gpu"]) == {"0", "1"}
+    assert doc["comparison"]["same_choices"] is True and doc["regions"] == 2
+    assert doc["versions"]["jax"] and doc["machine"]["cpus"]
