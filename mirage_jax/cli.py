@@ -366,7 +366,7 @@ def _add_function_args(p: argparse.ArgumentParser) -> None:
         "target",
         metavar="MODULE:FUNCTION",
         help="the function to optimise: a dotted module path or a .py file, a colon, and the "
-        "function's name (e.g. experiments.benchmarks:rmsnorm or model.py:block)",
+        "function's name (e.g. experiments.benchmarks:rmsnorm or experiments/models/sdpa.py:sdpa)",
     )
     p.add_argument("--arg", "-a", action="append", metavar="SPEC", help=ARG_HELP)
 
