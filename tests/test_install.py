@@ -33,3 +33,36 @@ def test_an_older_python_is_told_which_python_is_needed(monkeypatch):
     with pytest.raises(SystemExit) as e:
         runpy.run_path(str(ROOT / "setup.py"))
     assert "needs Python 3.12 or newer" in str(e.value) and ".python-version" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "path", ["README.md", *sorted(p.name for p in ROOT.glob("notebooks/*.ipynb"))]
+)
+def test_no_reference_to_files_a_user_does_not_have(path):
+    text = (ROOT / path if path == "README.md" else ROOT / "notebooks" / path).read_text()
+    for outside in ("../shared", "BENCHMARKS.md", "build/prev.json"):
+        assert outside not in text, (path, outside)
+
+
+def test_the_files_the_readme_links_exist():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    linked = set(re.findall(r"\]\(([^)#]+)\)", text))
+    assert linked and all((ROOT / p).exists() for p in linked), linked
+
+
+def test_the_main_jobs_output_explains_itself(capsys, tmp_path):
+    """Issue 17: the --small run named the full-size W, the floor was unexplained, the op count
+    disagreed with its list, and neither the first call's time nor the cache path was printed."""
+    from mirage_jax.cli import main
+
+    rc = main(["bench", "rmsnorm", "--small", "--check", "--jit", "--backend", "xla",
+               "--search", "off", "--cache", str(tmp_path / "c.sqlite")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "at --small size (shapes scaled down for a CPU" in out
+    assert "(no implementation is faster)" in out
+    assert "10 ops (" in out and "2 constant(s) copied in" in out
+    assert "first call (capture, cache lookup, search on a miss, lowering):" in out
+    assert "kernel cache:" in out
