@@ -246,3 +246,10 @@ def test_cli_hints_name_the_flag_not_the_python_keyword(capsys, tmp_path):
                        "--svg", str(tmp_path / "svg"))  # fmt: skip
     assert rc == 0 and "XLA: no GPU" in out
     assert "--backend pallas-interpret" in out and "backend='" not in out + err
+
+
+def test_reproduce_help_names_no_internal_job_limit(capsys):
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    out = capsys.readouterr().out
+    assert "--deadline-s" in out and "10-minute" not in out and "job limit" not in out
