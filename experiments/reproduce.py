@@ -1284,8 +1284,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--deadline-s", type=float, default=500.0,
                    help="time phase: stop timing after this many seconds and write what was "
-                   "timed (default: %(default)s s, so a run under a 10-minute job limit ends "
-                   "with its results saved)")  # fmt: skip
+                   "timed (default: %(default)s s; keep it below any time limit the run is under, "
+                   "so that its results are saved)")  # fmt: skip
     return p
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 import warnings
@@ -81,11 +82,11 @@ def _optimize(args: argparse.Namespace) -> int:
     print(f"# {record.name}: {n} region(s), {kernels} fused kernel(s); cache {cache.path}")
     for d in record.decisions:
         for line in _region_lines(d):
-            print(line)
+            print(_flags(line))
     open_regions = [d for d in record.decisions if "trivial" not in d.reason]
     if open_regions and all(d.source == "none" for d in open_regions):
         print(
-            f"mirage-jax optimize: nothing was optimised: {open_regions[0].reason}",
+            f"mirage-jax optimize: nothing was optimised: {_flags(open_regions[0].reason)}",
             file=sys.stderr,
         )
         return 1
@@ -148,7 +149,7 @@ def _explain(args: argparse.Namespace) -> int:
         static_argnums=static_argnums(values) or None,
     )
     expl = mirage_jax.explain(jitted, *values, search=args.search)
-    print(expl.text(listing=args.listing))
+    print(_flags(expl.text(listing=args.listing)))
     if out is not None:
         _write_pictures(expl, out)
     return 0
@@ -160,7 +161,7 @@ def _write_pictures(expl: Any, out: Path) -> None:
 
     drawn = [d for d in expl.decisions if d.mugraph is not None]
     if not drawn:
-        print(f"no picture was written to {out}: {_why_no_picture(expl)}")
+        print(f"no picture was written to {out}: {_flags(_why_no_picture(expl))}")
     for d in drawn:
         path = out / f"region{d.index}.svg"
         try:
@@ -260,7 +261,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"kernel cache: {where}")
         for d in f.last.decisions if f.last else ():
             for line in _region_lines(d):
-                print(line)
+                print(_flags(line))
         print(f"\nmirage_jax.jit vs float64 reference: max error {error(got):.2e}")
         print(f"jax.jit       vs float64 reference: max error {error(jax.jit(bench.fn)(*xs)):.2e}")
     return 0
@@ -405,7 +406,7 @@ def _add_function_args(p: argparse.ArgumentParser, optional: bool = False) -> No
         nargs="?" if optional else None,
         metavar="MODULE:FUNCTION",
         help="the function to optimise: a dotted module path or a .py file, a colon, and the "
-        "function's name (e.g. experiments.benchmarks:rmsnorm or model.py:block)",
+        "function's name (e.g. experiments.benchmarks:rmsnorm or experiments/models/sdpa.py:sdpa)",
     )
     p.add_argument("--arg", "-a", action="append", metavar="SPEC", help=ARG_HELP)
 
@@ -649,7 +650,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _show_warning(message: Any, category: Any, *_: Any, **__: Any) -> None:
     """Warnings on one line each: "mirage-jax: CacheWarning: ..."."""
-    print(f"mirage-jax: {category.__name__}: {one_line(message, 1000)}", file=sys.stderr)
+    print(f"mirage-jax: {category.__name__}: {_flags(one_line(message, 1000))}", file=sys.stderr)
+
+
+def _flags(text: str) -> str:
+    """The library's hints name Python keywords (`pass backend='pallas-interpret'`); on the
+    command line they name the flag (`pass --backend pallas-interpret`)."""
+    return re.sub(r"\bbackend='([\w-]+)'", r"--backend \1", text)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ def test_explain_svg_says_why_no_picture_was_written(capsys, filled_cache, tmp_p
     rc, out, _ = run(capsys, "explain", *RMSNORM, "--cache", str(filled_cache.path),
                      "--backend", "xla", "--svg", str(svg))  # fmt: skip
     assert rc == 0 and list(svg.iterdir()) == []
-    assert "all run as XLA (region 0: backend='xla')" in out
+    assert "all run as XLA (region 0: --backend xla)" in out
     source = tmp_path / "no_lax.py"
     source.write_text("import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.sort(x)\n")
     rc, out, _ = run(capsys, "explain", f"{source}:f", "--arg", "f32[8]", "--cache",
@@ -238,3 +238,18 @@ def test_cache_ls_says_which_function_and_shapes_a_region_came_from(capsys, tmp_
     f(jnp.ones((16, 32)), jnp.ones((16, 32)))
     rc, out, _ = run(capsys, "cache", "ls", "--cache", str(path))
     assert rc == 0 and "scores.region0(f32[16,32]" in out, out
+
+
+def test_cli_hints_name_the_flag_not_the_python_keyword(capsys, tmp_path):
+    """Issue 17: on a CPU the hint said `backend='pallas-interpret'`, the Python keyword."""
+    rc, out, err = run(capsys, "explain", *RMSNORM, "--cache", str(tmp_path / "c.sqlite"),
+                       "--svg", str(tmp_path / "svg"))  # fmt: skip
+    assert rc == 0 and "XLA: no GPU" in out
+    assert "--backend pallas-interpret" in out and "backend='" not in out + err
+
+
+def test_reproduce_help_names_no_internal_job_limit(capsys):
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    out = capsys.readouterr().out
+    assert "--deadline-s" in out and "10-minute" not in out and "job limit" not in out
