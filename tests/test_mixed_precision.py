@@ -76,11 +76,14 @@ def test_float_meaning_rounds_the_wide_operand():
         assert _rel(g, unrounded) > 1e-5  # and not the fp32 operands' products
 
 
-def test_pallas_interpret_follows_the_float_meaning():
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_interpret_mode_follows_the_float_meaning(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
     x, w, r = _inputs()
     g = mixed_graph()
     want = evaluate(g, x, w, r)
-    got = lower(g, backend="pallas", interpret=True)(x, w, r)
+    got = lower(g, backend=backend, interpret=True)(x, w, r)
     for o, e in zip(got, want):
         assert _rel(o, np.asarray(e, np.float64)) < 1e-6
 
@@ -96,13 +99,3 @@ def test_triton_source_runs_the_mixed_gemm_in_fp16():
     sums = [line for line in lines if "tl.sum(" in line]
     assert len(dots) == 1 and "ieee" not in dots[0] and "tl.float16" in dots[0], dots
     assert len(sums) == 1 and ".to(tl.float16)" in sums[0], sums
-
-
-def test_triton_interpret_follows_the_float_meaning():
-    pytest.importorskip("triton")
-    x, w, r = _inputs()
-    g = mixed_graph()
-    want = evaluate(g, x, w, r)
-    got = lower(g, backend="triton", interpret=True)(x, w, r)
-    for o, e in zip(got, want):
-        assert _rel(o, np.asarray(e, np.float64)) < 1e-6

@@ -185,48 +185,45 @@ def search(
     run = _Run(budget)
     run.stats.update(tasks=len(tasks), schedule_classes=[t.mapping.describe() for t in tasks])
     run.bar = _progress_bar(progress, len(tasks) * max(1, budget.max_block_ops - 1))
-    pool_block = pool_for(workers)
-    pool = pool_block.__enter__()
-    if pool is None:
-        init_worker(problem)
-    else:
-        pool = _Dispatch(pool, *problem_blob(problem))
     pre_stats: dict[str, Any] = {}
-    try:
-        run.deepen(tasks, budget.max_block_ops, deadline, pool)
-        n_main = len(run.accepted)
-        # pre-defined kernels (GEMMs left to XLA), then graph-defined kernel(s) for the rest
-        if budget.max_predefined > 0 and budget.max_kernels >= 2:
-            t0 = time.perf_counter()
-            pre_deadline = min(
-                cut_deadline, time.monotonic() + budget.time_s * budget.predefined_share
-            )
-            kc = pre_mod.KernelCounters()
-            limit = min(budget.max_predefined, budget.max_kernels - 1)
-            prefixes = pre_mod.KernelEnumerator(problem, limit, kc).run()
-            pre_tasks: list = []
-            for g, prefix in enumerate(prefixes, start=1):
-                pre_tasks += tasks_of(problem, budget, prefix, len(tasks) + len(pre_tasks), g)
-            for t in pre_tasks:
-                run.known.setdefault(t.index, {})
-            seconds["predefined_prefixes"] = time.perf_counter() - t0
-            if pre_tasks and run.stop_reason == "exhausted":
-                run.deepen(pre_tasks, budget.predefined_block_ops, pre_deadline, pool)
-            pre_stats = {
-                "generated": kc.generated, "kept": kc.kept, "pruned": dict(sorted(kc.pruned.items())),
-                "prefixes": [p.description + " → [" + ",".join(
-                    f"x{t.ref[1]}" if t.ref[0] == "in" else f"k{t.ref[1]}" for t in p.rest
-                ) + "]" for p in prefixes],
-                "tasks": len(pre_tasks), "accepted": len(run.accepted) - n_main,
-            }  # fmt: skip
-            seconds["predefined"] = time.perf_counter() - t0
-    finally:
-        pool_block.__exit__(*sys.exc_info())
-        if run.bar is not None:
-            # the total is an estimate (pruned tasks end early, pre-defined kernels add tasks):
-            # a notebook's bar left short of it would turn red and stay, so it ends full
-            run.bar.total = run.bar.n
-            run.bar.close()
+    with pool_for(workers) as raw:
+        pool = None if raw is None else _Dispatch(raw, *problem_blob(problem))
+        if pool is None:
+            init_worker(problem)
+        try:
+            run.deepen(tasks, budget.max_block_ops, deadline, pool)
+            n_main = len(run.accepted)
+            # pre-defined kernels (GEMMs left to XLA), then graph-defined kernel(s) for the rest
+            if budget.max_predefined > 0 and budget.max_kernels >= 2:
+                t0 = time.perf_counter()
+                pre_deadline = min(
+                    cut_deadline, time.monotonic() + budget.time_s * budget.predefined_share
+                )
+                kc = pre_mod.KernelCounters()
+                limit = min(budget.max_predefined, budget.max_kernels - 1)
+                prefixes = pre_mod.KernelEnumerator(problem, limit, kc).run()
+                pre_tasks: list = []
+                for g, prefix in enumerate(prefixes, start=1):
+                    pre_tasks += tasks_of(problem, budget, prefix, len(tasks) + len(pre_tasks), g)
+                for t in pre_tasks:
+                    run.known.setdefault(t.index, {})
+                seconds["predefined_prefixes"] = time.perf_counter() - t0
+                if pre_tasks and run.stop_reason == "exhausted":
+                    run.deepen(pre_tasks, budget.predefined_block_ops, pre_deadline, pool)
+                pre_stats = {
+                    "generated": kc.generated, "kept": kc.kept, "pruned": dict(sorted(kc.pruned.items())),
+                    "prefixes": [p.description + " → [" + ",".join(
+                        f"x{t.ref[1]}" if t.ref[0] == "in" else f"k{t.ref[1]}" for t in p.rest
+                    ) + "]" for p in prefixes],
+                    "tasks": len(pre_tasks), "accepted": len(run.accepted) - n_main,
+                }  # fmt: skip
+                seconds["predefined"] = time.perf_counter() - t0
+        finally:
+            if run.bar is not None:
+                # the total is an estimate (pruned tasks end early, pre-defined kernels add tasks):
+                # a notebook's bar left short of it would turn red and stay, so it ends full
+                run.bar.total = run.bar.n
+                run.bar.close()
     stats, counters, accepted = run.stats, run.counters, run.accepted
     stop_reason = run.stop_reason
     seconds["enumerate"] = run.enum_s
@@ -240,7 +237,7 @@ def search(
     instances: list[tuple[float, int, MuGraph, str]] = []
     descriptions = []
     name = lambda c: f"d{c}({problem.sizes[c]})"  # noqa: E731
-    one_piece = 0  # instances without pre-defined kernels
+    best_one = None  # the cheapest instance without pre-defined kernels (seconds)
     for rank, (depth, task_index, s, key) in enumerate(accepted):
         desc = s.describe(name)
         descriptions.append(desc)
@@ -251,15 +248,15 @@ def search(
                 name=program.meta.get("name", "region"),
             )  # fmt: skip
             instances.append((c.seconds, rank, MuGraph(g.ops, g.outputs, meta), key))
-            one_piece += not any(k.predefined for k in s.kernels)
+            if not any(k.predefined for k in s.kernels):
+                best_one = c.seconds if best_one is None else min(best_one, c.seconds)
     seconds["numbers"] = time.perf_counter() - t0
 
     # kernel cuts: when no µGraph of graph-defined kernels only was found, or the best is far
     # from the region's memory floor (outputs on dims no one grid axis splits: one block),
     # search the pieces
-    best_one = min((c for c, _, g, _ in instances if not _has_predefined(g)), default=None)
-    starved = best_one is not None and best_one > STARVED * _floor_s(program, device)
-    if (not one_piece or starved) and budget.cuts and budget.max_kernels >= 2:
+    starved = best_one is None or best_one > STARVED * _floor_s(program, device)
+    if starved and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
         found, cut_stats = _search_cuts(program, budget, seed, target, device, cut_deadline)
         for c, g, desc in found:
@@ -350,11 +347,11 @@ class _Run:
         streamed: set[int] = set()  # groups with a structure whose GEMMs stream K in a loop
         for t in tasks:
             self.known.setdefault(t.index, {})
+
+        def extra(g: int) -> int:  # deeper while only loop-free GEMM kernels are known
+            return budget.extra_depth if g in streamed else budget.loop_extra_depth
+
         for depth in range(2, max_depth + 1):
-
-            def extra(g: int) -> int:  # deeper while only loop-free GEMM kernels are known
-                return budget.extra_depth if g in streamed else budget.loop_extra_depth
-
             alive = [
                 t for t in tasks
                 if (t.group not in best or depth <= best[t.group] + extra(t.group))
@@ -419,10 +416,6 @@ def _floor_s(program: Program, device: cost_model.Device) -> float:
         for shape, dtype in (*program.input_avals, *program.output_avals)
     )
     return device.launch_s + nbytes / device.bandwidth
-
-
-def _has_predefined(g: MuGraph) -> bool:
-    return any(op.op not in ("input", "graph_defined") for op in g.ops)
 
 
 def _merge(into: Counters, c: Counters) -> None:
