@@ -22,6 +22,7 @@ rewrite does not cover is left as it was.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -287,8 +288,87 @@ class _Emit:
         return self.add(Node(like.op, tuple(args), shape, like.dtype, merged))
 
 
+def _repeat_source(
+    program: Program, atoms: _Atoms, x: int, groups: Groups
+) -> tuple[int, Groups, frozenset[str]]:
+    """The value that layout ops (reshapes, transposes, broadcasts) before operand `x` lay out,
+    with its groups and the atoms a broadcast on the way added (a KV head repeated for grouped
+    queries: `jnp.repeat(k, g, axis=2)`); `x` itself where no broadcast adds an atom."""
+    nodes = program.nodes
+    dropped: set[str] = set()
+    cur, g = x, groups
+    while nodes[cur].op in _LAYOUT:
+        n = nodes[cur]
+        src = n.args[0]
+        shape = nodes[src].shape
+        if n.op == "transpose":
+            back: list[tuple[str, ...]] = [()] * len(shape)
+            for j, q in enumerate(n.param("permutation")):
+                back[q] = g[j]
+            g = tuple(back)
+        elif n.op == "reshape":
+            g = _reshape_groups(atoms, g, shape)
+        else:  # broadcast_in_dim: atoms of new or widened axes are not in the source
+            dims = tuple(n.param("broadcast_dimensions"))
+            g2 = []
+            for q, d in enumerate(dims):
+                same = shape[q] == n.shape[d]
+                g2.append(g[d] if same else ())
+                if not same:
+                    dropped.update(g[d])
+            dropped.update(a for j, grp in enumerate(g) if j not in dims for a in grp)
+            g = tuple(g2)
+        cur = src
+    if not dropped:
+        return x, groups, frozenset()
+    return cur, g, frozenset(dropped)
+
+
+def _has_repeat(program: Program, x: int) -> bool:
+    """Do layout ops before `x` include a broadcast that adds a non-unit axis?"""
+    nodes = program.nodes
+    while nodes[x].op in _LAYOUT:
+        n = nodes[x]
+        if n.op == "broadcast_in_dim" and math.prod(n.shape) > math.prod(nodes[n.args[0]].shape):
+            return True
+        x = n.args[0]
+    return False
+
+
+def _pv_operands(program: Program, core: _Core, atoms: _Atoms, info: dict, keys, batch):
+    """PV's operands: (probabilities' position, its id, V's id, V's groups, V's free atom)."""
+    nodes, groups = program.nodes, info["groups"]
+    m2 = nodes[core.m2]
+    p_pos = 0 if m2.args[0] in groups else 1
+    p_id, v_id = m2.args[p_pos], m2.args[1 - p_pos]
+    pg, vshape = groups[p_id], nodes[v_id].shape
+    if len(vshape) != len(pg):
+        raise _Skip("PV operands of different ranks")
+    if p_pos == 1:
+        p_batch, p_con = pg[:-2], pg[-2]
+    else:
+        p_batch, p_con = pg[:-2], pg[-1]
+    if set(p_con) != set(keys):
+        raise _Skip("PV does not contract over the softmax axis")
+    v_free = atoms.fresh("v", vshape[-2] if p_pos == 1 else vshape[-1])  # V is A or B
+    v_batch = []
+    for d, g in zip(vshape[:-2], p_batch):
+        if d != 1 and atoms.prod(g) != d:
+            raise _Skip("V has batch axes the probabilities lack")
+        v_batch.append(() if d == 1 else g)
+    if not _atoms_of(tuple(v_batch)) <= _atoms_of(batch):
+        raise _Skip("V varies over query-side axes")
+    v_g = (*v_batch, v_free, p_con) if p_pos == 1 else (*v_batch, p_con, v_free)
+    return p_pos, p_id, v_id, v_g, v_free
+
+
 def _rewrite(program: Program, core: _Core, atoms: _Atoms, info: dict) -> Program:
-    """`program` with `core` recomputed in its canonical layout (see the module docstring)."""
+    """`program` with `core` recomputed in its canonical layout (see the module docstring).
+
+    K and V repeated over grouped query heads (a broadcast before them adds the group atoms)
+    are read from the values before the repeat; the group atoms move from the batch axes to
+    the rows (each KV head's queries stacked), so the KV cache is read once, as stored.
+    """
     nodes = program.nodes
     groups: dict[int, Groups] = info["groups"]
     canon: Groups = info["canon"]
@@ -299,6 +379,16 @@ def _rewrite(program: Program, core: _Core, atoms: _Atoms, info: dict) -> Progra
     (x, x_g), (y, y_g) = (
         ((b_id, b_g), (a_id, a_g)) if info["column"] else ((a_id, a_g), (b_id, b_g))
     )
+    p_pos, p_id, v_id, v_g, v_free = _pv_operands(program, core, atoms, info, keys, batch)
+    y, y_g, dropped_k = _repeat_source(program, atoms, y, y_g)
+    v_id, v_g, dropped_v = _repeat_source(program, atoms, v_id, v_g)
+    grouped = dropped_k | dropped_v
+    if grouped:
+        if not grouped <= _atoms_of(batch) or dropped_k != dropped_v:
+            raise _Skip("K and V repeated over different axes")
+        rows = tuple(a for g in batch for a in g if a in grouped) + rows
+        batch = tuple(kept for g in batch if (kept := tuple(a for a in g if a not in grouped)))
+        canon = (*batch, rows, keys)
     x_c = e.relayout(x, x_g, _restrict((*batch, rows, head), _atoms_of(x_g)))
     y_c = e.relayout(y, y_g, _restrict((*batch, head, keys), _atoms_of(y_g)))
     m1 = nodes[core.m1]
@@ -330,28 +420,10 @@ def _rewrite(program: Program, core: _Core, atoms: _Atoms, info: dict) -> Progra
             shape = broadcast_shapes(*(e.nodes[a].shape for a in args))
             canon_of[i] = e.op(n, args, shape)
     m2 = nodes[core.m2]
-    p_pos = 0 if m2.args[0] in groups else 1
-    p_id, v_id = m2.args[p_pos], m2.args[1 - p_pos]
-    pg, vshape = groups[p_id], nodes[v_id].shape
-    if len(vshape) != len(pg):
-        raise _Skip("PV operands of different ranks")
-    if p_pos == 1:
-        p_batch, p_con, p_free = pg[:-2], pg[-2], pg[-1]
-    else:
-        p_batch, p_free, p_con = pg[:-2], pg[-2], pg[-1]
-    if set(p_con) != set(keys):
-        raise _Skip("PV does not contract over the softmax axis")
+    pg = groups[p_id]
+    p_batch, p_free = pg[:-2], (pg[-1] if p_pos == 1 else pg[-2])
     if _atoms_of(p_batch) | set(p_free) != _atoms_of(batch) | set(rows):
         raise _Skip("PV's rows are not the scores' rows")
-    v_free = atoms.fresh("v", vshape[-2] if p_pos == 1 else vshape[-1])  # V is A or B
-    v_batch = []
-    for d, g in zip(vshape[:-2], p_batch):
-        if d != 1 and atoms.prod(g) != d:
-            raise _Skip("V has batch axes the probabilities lack")
-        v_batch.append(() if d == 1 else g)
-    if not _atoms_of(tuple(v_batch)) <= _atoms_of(batch):
-        raise _Skip("V varies over query-side axes")
-    v_g = (*v_batch, v_free, p_con) if p_pos == 1 else (*v_batch, p_con, v_free)
     p_c = canon_of[p_id]
     if e.nodes[p_c].shape != tuple(atoms.prod(g) for g in canon):
         raise _Skip("the probabilities do not cover the scores' axes")
@@ -448,7 +520,10 @@ def canonical_attention(program: Program) -> Program:
     for _ in range(MAX_CORES):
         for core in _cores(program):
             layout_ops = [i for i in core.nodes if program.nodes[i].op in _LAYOUT]
-            if any(restructures(program, i) for i in layout_ops):
+            operands = (*program.nodes[core.m1].args, *program.nodes[core.m2].args)
+            if any(restructures(program, i) for i in layout_ops) or any(
+                _has_repeat(program, x) for x in operands if x not in core.inside
+            ):
                 relaid = _relaid(program, core)
                 if relaid is not None:
                     program = relaid

@@ -83,8 +83,9 @@ def squeeze_leading(program: Program) -> Program:
             return _rewrite(program, last)
         except _Unsupported:
             continue
-    if any(_inexact_division(program, n) for _, n in program.ops()):
-        try:  # no axis to drop, but a division the search cannot spell (1/sqrt(128) in fp16)
+    if any(_constant_division(program, n) for _, n in program.ops()):
+        try:  # no axis to drop, but a division by a constant, which the search spells as a
+            # product (its vocabulary scales by constants: 1/sqrt(d) on attention scores)
             return _rewrite(program, 2)
         except _Unsupported:
             pass
@@ -100,6 +101,22 @@ def _inexact_division(program: Program, n: Node) -> bool:
         return False
     mant, _ = np.frexp(np.abs(arr))
     return bool(np.any(mant != 0.5))
+
+
+def _constant_division(program: Program, n: Node) -> bool:
+    """Is n a division by a constant the search cannot spell: one whose reciprocal is not a
+    power of two, or any other than a mean's division by its count (which the search reads
+    as it is)? `_rewrite` makes it a product."""
+    if n.op != "div" or program.nodes[n.args[1]].op != "constant":
+        return False
+    if _inexact_division(program, n):
+        return True
+    if not _invertible(program.nodes[n.args[1]]):
+        return False
+    x = program.nodes[n.args[0]]
+    while x.op in ("reshape", "convert", "broadcast_in_dim"):
+        x = program.nodes[x.args[0]]
+    return x.op != "reduce_sum"
 
 
 def _rewrite(program: Program, last: int) -> Program:

@@ -30,7 +30,7 @@ region's input `position` with `ops` applied; the region's output j is canonical
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,20 +75,50 @@ def apply_ops(x: Any, ops: Ops) -> Any:
     return x
 
 
+Views = dict[int, tuple[int, ...]]
+"""Inputs a kernel reads in the layout they are stored in: position -> permutation, the
+canonical input being `stored.transpose(permutation)`."""
+
+
+def trailing_transpose(ops: Ops) -> tuple[int, tuple[int, ...]] | None:
+    """(steps, permutation) of the run of transposes that ends an input's interface steps,
+    composed into one (None if they do not end in a transpose)."""
+    perm: tuple[int, ...] | None = None
+    n = 0
+    for op, arg in reversed(ops):
+        if op != "transpose":
+            break
+        p = tuple(arg)
+        perm = p if perm is None else tuple(p[q] for q in perm)
+        n += 1
+    return None if perm is None else (n, perm)
+
+
+def stored_shape(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the stored array whose `transpose(perm)` has `shape`."""
+    out = [0] * len(shape)
+    for j, q in enumerate(perm):
+        out[q] = shape[j]
+    return tuple(out)
+
+
 def adapt(
-    fn: Callable[..., Any], program: Program, stored: frozenset[int] = frozenset()
+    fn: Callable[..., Any], program: Program, stored: Collection[int] = frozenset()
 ) -> Callable[..., Any]:
     """`fn` (a function of `program`'s inputs) taking and returning the region's own values;
-    canonical inputs in `stored` reach `fn` without their last step (a transpose the kernel
-    reads through)."""
+    canonical inputs in `stored` reach `fn` without their trailing transposes (a permutation
+    the kernel reads through: `trailing_transpose`)."""
     interface = program.meta.get("interface")
     if interface is None:
         return fn
     ins, outs = interface["inputs"], interface["outputs"]
-    ins = [(pos, ops[:-1] if k in stored else ops) for k, (pos, ops) in enumerate(ins)]
+    cut = []
+    for k, (pos, ops) in enumerate(ins):
+        t = trailing_transpose(ops) if k in stored else None
+        cut.append((pos, ops[: len(ops) - t[0]] if t else ops))
 
     def adapted(*xs: Any) -> list[Any]:
-        got = fn(*[apply_ops(xs[pos], ops) for pos, ops in ins])
+        got = fn(*[apply_ops(xs[pos], ops) for pos, ops in cut])
         return [apply_ops(y, ops) for y, ops in zip(got, outs)]
 
     return adapted

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 import lax_ir
-from lax_ir.layouts import adapt, swap_perm, swapped
+from lax_ir.layouts import Views, adapt, stored_shape, trailing_transpose
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
 
@@ -94,10 +94,10 @@ def region_avals(part: Any, region: Any) -> list[tuple[tuple[int, ...], str]]:
 def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) -> Any:
     """`select.InContext` for a region whose interface has layout steps: random inputs of the
     region's own `avals`, XLA and kernels wrapped in the steps (`adapt`), kernels reading the
-    inputs stored transposed in place (`stored_transposed`) as `region_kernel` does."""
+    inputs in the layout they are stored in (`stored_views`) as `region_kernel` does."""
     from mirage_jax.select import InContext, random_arrays
 
-    views = stored_transposed(program, backend)
+    views = stored_views(program, backend)
     return InContext(
         inputs=lambda seed: random_arrays(avals, opts.seed + seed),
         wrap=lambda fn, kernel: adapt(fn, program, stored=views if kernel else frozenset()),
@@ -191,7 +191,7 @@ def region_kernel(
     A failure is a warning and the region runs as XLA; in strict mode it raises (`fallback`).
     """
     program = region.program
-    views = stored_transposed(program, backend)
+    views = stored_views(program, backend)
     try:
         impl = lower_mugraph(decision.mugraph, backend, lower_config, views)
     except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
@@ -215,7 +215,7 @@ def region_kernel(
         return [_as(outs[i], d) for i, d in zip(order, out_dtypes)]
 
     specs = [
-        jax.ShapeDtypeStruct(swapped(s) if k in views else s, d)
+        jax.ShapeDtypeStruct(stored_shape(s, views[k]) if k in views else s, d)
         for k, (s, d) in enumerate(program.input_avals)
     ]
     try:
@@ -242,22 +242,24 @@ def region_kernel(
     return adapt(with_xla_jvp(ordered, program, views), program, views)
 
 
-def stored_transposed(program: Any, backend: str) -> frozenset[int]:
-    """The region's inputs the kernel reads in the layout they are stored in: those the
-    interface would transpose last (swapping the last two axes: a weight stored as W that the
-    µGraph reads as Wᵀ, equinox's and Gemma's layouts, a cache read as Kᵀ), where the backend
-    reads such views in place (`VIEWS`: Triton); XLA no longer copies them on every call."""
+def stored_views(program: Any, backend: str) -> Views:
+    """The region's inputs the kernel reads in the layout they are stored in, with the
+    permutation the interface would apply (`trailing_transpose`): a weight stored as W that
+    the µGraph reads as Wᵀ (equinox's and Gemma's layouts), a KV cache stored (B, S, heads, D)
+    read as Kᵀ per head. Only where the backend reads views in place (`VIEWS`: Triton), and
+    the stored array's contiguous axis is one of the tile's two (loads stay coalesced); XLA
+    then no longer copies them on every call."""
     interface = program.meta.get("interface")
     b = backends.get(backend)
     if interface is None or b.module is None or not getattr(b.load(), "VIEWS", False):
-        return frozenset()
-    out = set()
+        return {}
+    out: Views = {}
     for k, (_, ops) in enumerate(interface["inputs"]):
         rank = len(program.input_avals[k][0])
-        swap = swap_perm(rank)
-        if rank >= 2 and ops and ops[-1][0] == "transpose" and tuple(ops[-1][1]) == swap:
-            out.add(k)
-    return frozenset(out)
+        t = trailing_transpose(ops)
+        if rank >= 2 and t is not None and rank - 1 in t[1][-2:]:
+            out[k] = t[1]
+    return out
 
 
 def _as(x: Any, dtype: Any) -> Any:
@@ -275,10 +277,10 @@ def _as(x: Any, dtype: Any) -> Any:
 
 
 def lower_mugraph(
-    mugraph: Any, backend: str, lower_config: Any = None, views: frozenset[int] = frozenset()
+    mugraph: Any, backend: str, lower_config: Any = None, views: Views | None = None
 ) -> Callable[..., Sequence[Any]]:
     """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
-    inputs in `views` arrive with their last two axes exchanged (`lower`)."""
+    inputs in `views` arrive as stored (`lower`)."""
     from mirage_jax.lower import lower
 
     if views:
@@ -287,17 +289,20 @@ def lower_mugraph(
 
 
 def with_xla_jvp(
-    impl: Callable[..., Sequence[Any]], program: Any, views: frozenset[int] = frozenset()
+    impl: Callable[..., Sequence[Any]], program: Any, views: Views | None = None
 ) -> Callable[..., list[Any]]:
     """`impl` as a custom_jvp whose tangent is the XLA jvp of the region `program`.
 
     The kernel computes the primal; the tangent is XLA's, linear in the input tangents, so
     forward mode, reverse mode (JAX transposes the tangent), higher orders and vmap all work
-    as they do under `jax.jit`. Inputs in `views` come stored transposed (`stored_transposed`).
+    as they do under `jax.jit`. Inputs in `views` come as stored (`stored_views`).
     """
 
     def xla(*xs: Any) -> tuple[Any, ...]:
-        xs = tuple(jax.numpy.swapaxes(x, -1, -2) if k in views else x for k, x in enumerate(xs))
+        views_ = views or {}
+        xs = tuple(
+            jax.numpy.transpose(x, views_[k]) if k in views_ else x for k, x in enumerate(xs)
+        )
         return tuple(lax_ir.evaluate(program, *xs))
 
     @jax.custom_jvp

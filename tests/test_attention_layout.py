@@ -52,7 +52,15 @@ def _args(fn):
     return q, k, v
 
 
-@pytest.mark.parametrize("fn", [gqa_rows, gqa_columns, heads_last, masked])
+def repeat_kv(q, k, v):
+    """Llama-style: KV heads widened by `jnp.repeat`, scores BHTS, softmax, back to BTHD."""
+    q = q.reshape(B, T, K * G, H)
+    keys, values = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+    s = jnp.einsum("bthd,bshd->bhts", q, keys) * 0.5
+    return jnp.einsum("bhts,bshd->bthd", _softmax(s, -1), values)
+
+
+@pytest.mark.parametrize("fn", [gqa_rows, gqa_columns, heads_last, masked, repeat_kv])
 def test_einsum_attention_is_one_region_with_the_same_values(fn) -> None:
     args = _args(fn)
     program = lax_ir.capture(fn, *args)
@@ -65,6 +73,19 @@ def test_einsum_attention_is_one_region_with_the_same_values(fn) -> None:
     assert not [n.op for _, n in inner.ops() if n.op == "transpose"], inner.pretty()
     got = jax.jit(lax_ir.rebuild(part))(*args)
     np.testing.assert_allclose(np.asarray(got), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
+
+
+def test_repeated_kv_heads_are_read_once_as_stored() -> None:
+    """`jnp.repeat` of the KV heads becomes grouped query rows: the region reads K and V as
+    the caller stores them (B, S, K, H), not widened to the query heads."""
+    args = _args(repeat_kv)
+    program = lax_ir.capture(repeat_kv, *args)
+    part = lax_ir.partition(program)
+    (exp,) = [i for i, n in program.ops() if n.op == "exp"]
+    region = part.region_of(exp)
+    assert not [n.op for _, n in region.program.ops() if n.op == "broadcast_in_dim"]
+    shapes = sorted(program.nodes[i].shape for i in region.inputs)
+    assert shapes.count((B, S, K, H)) == 2, shapes
 
 
 def test_softmax_over_a_query_axis_is_left_alone() -> None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from lax_ir import FloatAlgebra
-from lax_ir.layouts import swapped
+from lax_ir.layouts import Views, stored_shape, swap_perm
 from mirage_jax.lower import backends
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
 from mirage_jax.lower.registry import LoweringError
@@ -78,13 +78,15 @@ def lower(
     backend: str = "pallas",
     config: Any = None,
     interpret: bool | None = None,
-    views: frozenset[int] = frozenset(),
+    views: Views | Collection[int] = frozenset(),
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """Lower a µGraph to a jitted JAX function of its inputs returning a tuple of its outputs.
 
-    Inputs at the positions in `views` arrive stored with their last two axes exchanged (a
-    weight kept as W where the µGraph reads Wᵀ): kernels of a backend that can (`VIEWS`) read
-    them in place; every other reader gets them transposed by XLA.
+    Inputs at the positions in `views` arrive as stored: the µGraph's input is
+    `stored.transpose(views[pos])` (a weight kept as W where the µGraph reads Wᵀ, a KV cache
+    kept (B, S, heads, D) read as Kᵀ per head; a bare collection of positions means the last
+    two axes exchanged). Kernels of a backend that can (`VIEWS`) read them in place; every
+    other reader gets them transposed by XLA.
 
     Arguments:
         mugraph: the µGraph (validated first).
@@ -113,10 +115,17 @@ def lower(
     plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
     if interpret is None:
         interpret = b.interpret or jax.default_backend() == "cpu"
-    viewed = {mugraph.inputs[pos] for pos in views}  # kernel op ids of inputs stored transposed
+    avals = mugraph.input_avals
+    if not isinstance(views, Mapping):
+        views = {pos: swap_perm(len(avals[pos][0])) for pos in views}
+    viewed = {mugraph.inputs[pos]: perm for pos, perm in views.items()}  # kernel op id -> perm
     in_place = getattr(mod, "VIEWS", False)
     kernel_views = {
-        i: frozenset(k for k, a in enumerate(mugraph.ops[i].args) if in_place and a[0] in viewed)
+        i: {
+            k: viewed[a[0]]
+            for k, a in enumerate(mugraph.ops[i].args)
+            if in_place and a[0] in viewed
+        }
         for i in plans
     }
     kernels = {}
@@ -128,7 +137,6 @@ def lower(
     ops = mugraph.ops
     inputs = mugraph.inputs
     outputs = mugraph.outputs
-    avals = mugraph.input_avals
     jnp_algebra = FloatAlgebra()
 
     def run(*args: jax.Array) -> tuple[jax.Array, ...]:
@@ -138,13 +146,15 @@ def lower(
         stored: dict[tuple[int, int], jax.Array] = {}  # inputs as they arrived, transposed
         for pos, i in enumerate(inputs):
             x = jnp.asarray(args[pos])
-            want = swapped(avals[pos][0]) if pos in views else tuple(avals[pos][0])
+            want = tuple(avals[pos][0])
+            if pos in views:
+                want = stored_shape(want, views[pos])
             if tuple(x.shape) != want:
                 raise TypeError(f"input {pos}: shape {x.shape}, expected {want}")
             x = x.astype(avals[pos][1])
             if pos in views:
                 stored[(i, 0)] = x
-                x = jnp.swapaxes(x, -1, -2)  # for readers that cannot read it in place
+                x = jnp.transpose(x, views[pos])  # for readers that cannot read it in place
             env[(i, 0)] = x
         for i, op in enumerate(ops):
             if op.op == "input":

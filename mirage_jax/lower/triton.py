@@ -16,14 +16,14 @@ import hashlib
 import importlib.util
 import os
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
 
-from lax_ir.layouts import swapped
+from lax_ir.layouts import stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
@@ -325,14 +325,18 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _tile_access(dims, pids: list[str], view: bool = False) -> tuple[str, str, str, str | None]:
+def _tile_access(
+    dims, pids: list[str], perm: tuple[int, ...] | None = None
+) -> tuple[str, str, str, str | None]:
     """(block base offset, per-iteration loop step, lane offsets, mask) source of one tile.
 
-    A `view` input is stored with its last two axes exchanged (a weight read as Wᵀ, a cache
-    read as Kᵀ): the same logical tile, read through the stored array's strides."""
+    An input with a `perm` is stored as the array whose `transpose(perm)` the µGraph reads (a
+    weight read as Wᵀ, a cache stored (B, S, heads, D) read as Kᵀ per head): the same logical
+    tile, read through the stored array's strides."""
     sizes = tuple(d.size for d in dims)
-    if view:
-        strides = swapped(_strides(swapped(sizes)))
+    if perm is not None:
+        stored = _strides(stored_shape(sizes, perm))
+        strides = tuple(stored[q] for q in perm)
     else:
         strides = _strides(sizes)
     pads = tuple(d.pad for d in dims)
@@ -349,10 +353,11 @@ def _tile_access(dims, pids: list[str], view: bool = False) -> tuple[str, str, s
 
 
 def generate_source(
-    plan: KernelPlan, config: TritonConfig, name: str, views: frozenset[int] = frozenset()
+    plan: KernelPlan, config: TritonConfig, name: str, views: Mapping[int, tuple] | None = None
 ) -> str:
     """The readable `@triton.jit` source of one planned kernel (inputs, then outputs); inputs
-    in `views` are stored with their last two axes exchanged (`_tile_access`)."""
+    in `views` are stored permuted (`_tile_access`)."""
+    views = views or {}
     bg, n_in = plan.bg, plan.n_in
     lines: list[str] = []
     emit = lines.append
@@ -371,8 +376,8 @@ def generate_source(
             f"tile {list(plan.tile(k))} (padded {list(plan.pads[k])})"
         )
         if k in views:
-            emit(f"    # in{k} is stored transposed (last two axes exchanged): read as a view")
-        base, step, offs, mask = _tile_access(dims, pids, k in views)
+            emit(f"    # in{k} is stored as the array whose transpose {views[k]} it is: a view")
+        base, step, offs, mask = _tile_access(dims, pids, views.get(k))
         emit(f"    in{k}_ptrs = in{k} + {base} + {offs}")
         if mask:
             emit(f"    in{k}_mask = {mask}")
@@ -474,11 +479,12 @@ def cache_dir() -> pathlib.Path:
 
 
 def kernel_source(
-    plan: KernelPlan, config: TritonConfig, views: frozenset[int] = frozenset()
+    plan: KernelPlan, config: TritonConfig, views: Mapping[int, tuple] | None = None
 ) -> tuple[str, str]:
     """(kernel name, source) of a plan; the name carries the hash of the block graph + config
-    (+ the inputs read as transposed views)."""
-    key = (plan.bg, plan.pads, config, tuple(sorted(views)))
+    (+ the inputs read as permuted views)."""
+    views = views or {}
+    key = (plan.bg, plan.pads, config, tuple(sorted(views.items())))
     digest = hashlib.sha256(repr(key if views else key[:3]).encode()).hexdigest()[:16]
     name = f"mugraph_kernel_{digest}"
     return name, generate_source(plan, config, name, views)
@@ -579,7 +585,7 @@ def check_rules(plan: KernelPlan, where: str) -> None:
 
 
 VIEWS = True
-"""This backend reads inputs stored transposed in place (`build_kernel(views=...)`)."""
+"""This backend reads inputs stored permuted in place (`build_kernel(views=...)`)."""
 
 
 def build_kernel(
@@ -588,10 +594,10 @@ def build_kernel(
     *,
     interpret: bool,
     where: str,
-    views: frozenset[int] = frozenset(),
+    views: Mapping[int, tuple] | None = None,
 ) -> Callable[..., list[jax.Array]]:
     """A function of the kernel's arguments launching the generated kernel (jax-triton);
-    arguments in `views` come stored with their last two axes exchanged."""
+    argument k in `views` comes as the array whose `transpose(views[k])` the plan reads."""
     if not isinstance(config, TritonConfig):
         raise LoweringError(f"{where}: the triton backend takes a TritonConfig, got {config!r}")
     check_rules(plan, where)
@@ -601,7 +607,7 @@ def build_kernel(
         stages = plan.stages(config.num_stages)
     except LoweringError as e:
         raise LoweringError(f"{where}: {e}") from None
-    name, source = kernel_source(plan, config, frozenset(views))
+    name, source = kernel_source(plan, config, views)
     try:
         fn = load_kernel(name, source)
     except ImportError as e:

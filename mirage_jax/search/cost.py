@@ -21,6 +21,12 @@ dot) was 0.05 µs; the H200 run of 2026-11-21 (17 benchmarks with 2-6 timed cand
 measured 0.29 µs a step (gated_mlp b=1: the same kernel with 32 steps of 128 rows ran 21.1 µs,
 with 16 steps of 256 rows 17.8 µs). At 0.3 µs the model's first pick is within 5% of the
 fastest timed candidate on 15 of the 17 (13 before); geometric-mean loss 1.04× (1.08×).
+
+Narrow tiles: a block reading a [K, n] slice of a row-major [K, N] weight moves whole memory
+lines per row. On the H100 (2026-11-25, `experiments/results/skinny_sweep_2026-11-25.json`, a
+norm + GEMM of 8 rows, N=2816, loop-free) tiles of 32, 16 and 8 columns ran 6.9, 9.7 and
+12.8 µs: beyond a ~3.5 µs fixed part, 1.8× and 2.7× the 64-byte rows' time, about
+(64 / row bytes)^0.75.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class Device:
     oversize: float = 0.35  # ... and when its tiles cannot be double-buffered at all
     loop_tile_bytes: int = 32 * 1024  # per-iteration tiles above this pipeline less well
     sfu_rate: float = 3.7e12  # transcendental ops/s (MUFU: 16 a clock per SM, 132 SMs, 1.75 GHz)
+    line_bytes: int = 64  # a tile row narrower than this wastes the rest of the line ...
+    line_share: float = 0.75  # ... to this power (calibrated: `_row_waste`)
 
 
 H100 = Device()
@@ -104,6 +112,16 @@ def _op_sfu(op: str, out_tile) -> int:
     if spec.kind == "accum":
         return spec.search.sfu * math.prod(out_tile)
     return spec.search.sfu * math.prod(_pad(n) for n in out_tile)
+
+
+def _row_waste(tile, b, device: Device) -> float:
+    """How many more bytes than its tile a block moves when the tile's rows are narrower
+    than the memory's line (`Device.line_bytes`): a slice of each row of a wider row-major
+    tensor. Softened by `Device.line_share` (neighbouring blocks find part of the rest in L2)."""
+    if not tile or tile[-1] >= b.shape[-1]:
+        return 1.0  # whole rows: consecutive rows are contiguous
+    row = tile[-1] * np.dtype(b.dtype).itemsize
+    return max(1.0, device.line_bytes / max(1, row)) ** device.line_share
 
 
 def _time(
@@ -161,7 +179,7 @@ def estimate(g: MuGraph, device: Device = H100) -> Cost:
         per_block = 0
         loop_bytes = 0
         for k, b in enumerate(bg.inputs):
-            t_bytes = _nbytes(info.tiles[k], b.dtype)
+            t_bytes = int(_nbytes(info.tiles[k], b.dtype) * _row_waste(info.tiles[k], b, device))
             per_block += t_bytes * (loop if b.forloop_dim is not None else 1)
             loop_bytes += t_bytes if b.forloop_dim is not None else 0
         for o in bg.outputs:

@@ -43,6 +43,7 @@ from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import cuts as cut_mod
+from mirage_jax.search import hfuse
 from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.schedule import numbers_for
@@ -644,5 +645,31 @@ def _search_cuts(program: Program, budget: Budget, seed: int, target, device, de
                 "cuts": list(cs), "verified": "full", "bound": v.bound, "trials": v.trials,
             }  # fmt: skip
             found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
+            found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
             break  # the first working cut set (smallest, nearest the inputs) is kept
     return found, stats
+
+
+FUSED_KEPT = 4
+"""Horizontally fused variants of a stitched µGraph verified and kept (`hfuse`)."""
+
+
+def _fused(
+    g: MuGraph, program: Program, meta: dict, desc: str, budget, seed, target, device, stats: dict
+) -> list:
+    """The stitched µGraph's kernels fused into one (`hfuse.fused_variants`), each verified
+    against the region at full size; (cost, µGraph, description) for those that pass."""
+    import fields
+
+    out = []
+    for cost_s, f in hfuse.fused_variants(g, target, device, keep=FUSED_KEPT):
+        v = fields.verify(f, program, trials=budget.trials, seed=seed)
+        if not v:
+            stats["fused_failed"] = stats.get("fused_failed", 0) + 1
+            continue
+        d = "one kernel for all outputs: " + desc.split(": ", 1)[-1]
+        m = {**meta, "structure": d, "cost": f.meta.get("cost"), "bound": v.bound,
+             "trials": v.trials}  # fmt: skip
+        out.append((cost_s, MuGraph(f.ops, f.outputs, m), d))
+    stats["fused"] = stats.get("fused", 0) + len(out)
+    return out
