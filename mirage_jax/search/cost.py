@@ -22,11 +22,12 @@ measured 0.29 µs a step (gated_mlp b=1: the same kernel with 32 steps of 128 ro
 with 16 steps of 256 rows 17.8 µs). At 0.3 µs the model's first pick is within 5% of the
 fastest timed candidate on 15 of the 17 (13 before); geometric-mean loss 1.04× (1.08×).
 
-Narrow tiles: a block reading a [K, n] slice of a row-major [K, N] weight moves whole memory
-lines per row. On the H100 (2026-11-25, `experiments/results/skinny_sweep_2026-11-25.json`, a
+Narrow tiles: a block reading a [K, n] slice of a row-major [K, N] weight moves whole 32-byte
+sectors per row. On the H100 (2026-11-25, `experiments/results/skinny_sweep_2026-11-25.json`, a
 norm + GEMM of 8 rows, N=2816, loop-free) tiles of 32, 16 and 8 columns ran 6.9, 9.7 and
-12.8 µs: beyond a ~3.5 µs fixed part, 1.8× and 2.7× the 64-byte rows' time, about
-(64 / row bytes)^0.75.
+12.8 µs; but a GEMV of one row with 16-column tiles (32-byte rows) ran 5.4 µs against XLA's
+14.1 (llama nnx b=1, its down-projection + residual). Rows under a sector are charged
+(32 / row bytes)^0.75: 8 fp16 columns 1.7×, 4 columns 2.8×.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Device:
     oversize: float = 0.35  # ... and when its tiles cannot be double-buffered at all
     loop_tile_bytes: int = 32 * 1024  # per-iteration tiles above this pipeline less well
     sfu_rate: float = 3.7e12  # transcendental ops/s (MUFU: 16 a clock per SM, 132 SMs, 1.75 GHz)
-    line_bytes: int = 64  # a tile row narrower than this wastes the rest of the line ...
+    line_bytes: int = 32  # a tile row narrower than this (a sector) wastes the rest ...
     line_share: float = 0.75  # ... to this power (calibrated: `_row_waste`)
 
 
