@@ -26,7 +26,6 @@ not explored. A budget that runs out returns what was found with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -42,9 +41,8 @@ import numpy as np
 from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.search import cost as cost_model
-from mirage_jax.search import cuts as cut_mod
-from mirage_jax.search import hfuse
 from mirage_jax.search import predefined as pre_mod
+from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Structure, instantiate
@@ -259,7 +257,7 @@ def search(
     starved = best_one is None or best_one > STARVED * _floor_s(program, device)
     if starved and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
-        found, cut_stats = _search_cuts(program, budget, seed, target, device, cut_deadline)
+        found, cut_stats = search_cuts(search, program, budget, seed, target, device, cut_deadline)
         for c, g, desc in found:
             descriptions.append(desc)
             instances.append((c, len(descriptions), g, "cut:" + g.canonical_hash))
@@ -407,7 +405,7 @@ class _Run:
 
 STARVED = 8.0
 """A µGraph estimated slower than this multiple of the region's memory floor has the pieces
-searched too (`_search_cuts`), and the cheapest of all is kept."""
+searched too (`cut_search.search_cuts`), and the cheapest of all is kept."""
 
 
 def _floor_s(program: Program, device: cost_model.Device) -> float:
@@ -589,87 +587,3 @@ def _progress_bar(progress: bool | None, total: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="µGraph search", unit="task", file=sys.stderr, leave=False)
-
-
-def _search_cuts(program: Program, budget: Budget, seed: int, target, device, deadline: float):
-    """µGraphs stitched from the best µGraph of each piece, smallest cut sets first."""
-    import fields
-
-    memo: dict[str, SearchResult] = {}
-    found = []
-    stats: dict[str, Any] = {"sets_tried": 0, "pieces_searched": 0, "stitched": 0, "failed": 0}
-    for cs in cut_mod.cut_sets(program, budget.max_kernels - 1):
-        if time.monotonic() > deadline:
-            stats["stopped"] = "time"
-            break
-        stats["sets_tried"] += 1
-        parts = {}
-        for out in [*sorted(cs), *program.outputs]:
-            sub, sources = cut_mod.piece(program, out, cs)
-            key = sub.canonical_hash
-            if key not in memo:
-                left = max(1.0, deadline - time.monotonic())
-                sub_budget = dataclasses.replace(
-                    budget, time_s=min(left, budget.time_s / 4), cuts=False, results=2, confirm=1,
-                    max_kernels=max(1, budget.max_kernels - len(cs)),
-                )  # fmt: skip
-                stats["pieces_searched"] += 1
-                memo[key] = search(
-                    sub, budget=sub_budget, seed=seed, progress=False, target=target, device=device
-                )
-                for k in ("verified", "accepted", "rejected", "generated"):
-                    stats[k] = stats.get(k, 0) + int(memo[key].stats.get(k, 0) or 0)
-            r = memo[key]
-            if not r:
-                break
-            parts[out] = (r.best, sources)
-        else:
-            g = cut_mod.stitch(program, cs, parts)
-            try:
-                g.shapes  # noqa: B018 (validate: a piece may keep a cut value wider than the next reads)
-            except MuGraphError:
-                stats["failed"] += 1
-                continue
-            v = fields.verify(g, program, trials=budget.trials, seed=seed)
-            if not v:
-                stats["failed"] += 1
-                continue
-            stats["stitched"] += 1
-            c = cost_model.estimate(g, device)
-            head = f"cut at %{','.join(map(str, cs))}: " if cs else "one kernel per output: "
-            desc = head + " | ".join(
-                parts[o][0].meta.get("structure", "?") for o in [*sorted(cs), *program.outputs]
-            )
-            meta = {
-                "structure": desc, "cost": c.to_dict(), "name": program.meta.get("name", "region"),
-                "cuts": list(cs), "verified": "full", "bound": v.bound, "trials": v.trials,
-            }  # fmt: skip
-            found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
-            found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
-            break  # the first working cut set (smallest, nearest the inputs) is kept
-    return found, stats
-
-
-FUSED_KEPT = 4
-"""Horizontally fused variants of a stitched µGraph verified and kept (`hfuse`)."""
-
-
-def _fused(
-    g: MuGraph, program: Program, meta: dict, desc: str, budget, seed, target, device, stats: dict
-) -> list:
-    """The stitched µGraph's kernels fused into one (`hfuse.fused_variants`), each verified
-    against the region at full size; (cost, µGraph, description) for those that pass."""
-    import fields
-
-    out = []
-    for cost_s, f in hfuse.fused_variants(g, target, device, keep=FUSED_KEPT):
-        v = fields.verify(f, program, trials=budget.trials, seed=seed)
-        if not v:
-            stats["fused_failed"] = stats.get("fused_failed", 0) + 1
-            continue
-        d = "one kernel for all outputs: " + desc.split(": ", 1)[-1]
-        m = {**meta, "structure": d, "cost": f.meta.get("cost"), "bound": v.bound,
-             "trials": v.trials}  # fmt: skip
-        out.append((cost_s, MuGraph(f.ops, f.outputs, m), d))
-    stats["fused"] = stats.get("fused", 0) + len(out)
-    return out

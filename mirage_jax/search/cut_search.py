@@ -1,0 +1,103 @@
+"""The pieces of a region searched on their own and stitched into one µGraph (`cuts`), and the
+stitched kernels fused into one where they are independent (`hfuse`).
+
+The driver calls `search_cuts` when the region's one-piece µGraphs are starved (far from its
+memory floor) or missing; each piece is searched by the driver's own `search`, without cuts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from lax_ir.program import Program
+from mirage_jax.mugraph import MuGraph, MuGraphError
+from mirage_jax.search import cost as cost_model
+from mirage_jax.search import cuts as cut_mod
+from mirage_jax.search import hfuse
+
+
+def search_cuts(search, program: Program, budget, seed: int, target, device, deadline: float):
+    """µGraphs stitched from the best µGraph of each piece (each found by `search`, the
+    driver's own), smallest cut sets first; with their horizontally fused variants."""
+    import fields
+
+    memo: dict[str, Any] = {}  # piece hash -> its SearchResult
+    found = []
+    stats: dict[str, Any] = {"sets_tried": 0, "pieces_searched": 0, "stitched": 0, "failed": 0}
+    for cs in cut_mod.cut_sets(program, budget.max_kernels - 1):
+        if time.monotonic() > deadline:
+            stats["stopped"] = "time"
+            break
+        stats["sets_tried"] += 1
+        parts = {}
+        for out in [*sorted(cs), *program.outputs]:
+            sub, sources = cut_mod.piece(program, out, cs)
+            key = sub.canonical_hash
+            if key not in memo:
+                left = max(1.0, deadline - time.monotonic())
+                sub_budget = dataclasses.replace(
+                    budget, time_s=min(left, budget.time_s / 4), cuts=False, results=2, confirm=1,
+                    max_kernels=max(1, budget.max_kernels - len(cs)),
+                )  # fmt: skip
+                stats["pieces_searched"] += 1
+                memo[key] = search(
+                    sub, budget=sub_budget, seed=seed, progress=False, target=target, device=device
+                )
+                for k in ("verified", "accepted", "rejected", "generated"):
+                    stats[k] = stats.get(k, 0) + int(memo[key].stats.get(k, 0) or 0)
+            r = memo[key]
+            if not r:
+                break
+            parts[out] = (r.best, sources)
+        else:
+            g = cut_mod.stitch(program, cs, parts)
+            try:
+                g.shapes  # noqa: B018 (validate: a piece may keep a cut value wider than the next reads)
+            except MuGraphError:
+                stats["failed"] += 1
+                continue
+            v = fields.verify(g, program, trials=budget.trials, seed=seed)
+            if not v:
+                stats["failed"] += 1
+                continue
+            stats["stitched"] += 1
+            c = cost_model.estimate(g, device)
+            head = f"cut at %{','.join(map(str, cs))}: " if cs else "one kernel per output: "
+            desc = head + " | ".join(
+                parts[o][0].meta.get("structure", "?") for o in [*sorted(cs), *program.outputs]
+            )
+            meta = {
+                "structure": desc, "cost": c.to_dict(), "name": program.meta.get("name", "region"),
+                "cuts": list(cs), "verified": "full", "bound": v.bound, "trials": v.trials,
+            }  # fmt: skip
+            found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
+            found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
+            break  # the first working cut set (smallest, nearest the inputs) is kept
+    return found, stats
+
+
+FUSED_KEPT = 4
+"""Horizontally fused variants of a stitched µGraph verified and kept (`hfuse`)."""
+
+
+def _fused(
+    g: MuGraph, program: Program, meta: dict, desc: str, budget, seed, target, device, stats: dict
+) -> list:
+    """The stitched µGraph's kernels fused into one (`hfuse.fused_variants`), each verified
+    against the region at full size; (cost, µGraph, description) for those that pass."""
+    import fields
+
+    out = []
+    for cost_s, f in hfuse.fused_variants(g, target, device, keep=FUSED_KEPT):
+        v = fields.verify(f, program, trials=budget.trials, seed=seed)
+        if not v:
+            stats["fused_failed"] = stats.get("fused_failed", 0) + 1
+            continue
+        d = "one kernel for all outputs: " + desc.split(": ", 1)[-1]
+        m = {**meta, "structure": d, "cost": f.meta.get("cost"), "bound": v.bound,
+             "trials": v.trials}  # fmt: skip
+        out.append((cost_s, MuGraph(f.ops, f.outputs, m), d))
+    stats["fused"] = stats.get("fused", 0) + len(out)
+    return out
