@@ -20,7 +20,7 @@ from lax_ir.canonical import flatten_rows, squeeze_leading
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
 from lax_ir.layouts import adapt, hoist_layouts
 from lax_ir.ops import OPS
-from lax_ir.pieces import constant_like, demotions, gemm_cuts, piece_labels
+from lax_ir.pieces import array_constants, constant_like, demotions, gemm_cuts, piece_labels
 from lax_ir.program import Node, Program, make_params
 
 SHIFT_PASS_THROUGH = ("broadcast_in_dim", "reshape", "convert", "transpose")
@@ -325,6 +325,7 @@ def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]
         raise AssertionError("partition produced a cyclic unit graph (a bug)")
 
     outputs = set(program.outputs)
+    weights = array_constants(program)  # closed-over arrays: region inputs, not copies
     regions = []
     for k, g in enumerate(region_roots):
         members = tuple(sorted(groups[g]))
@@ -334,7 +335,7 @@ def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]
             for a in nodes[i].args:
                 if a in mset or a in ins:
                     continue
-                if nodes[a].op == "input" or cls.kinds[a] != "structural":
+                if nodes[a].op == "input" or cls.kinds[a] != "structural" or a in weights:
                     ins.append(a)
         # A convert of another input (a float32 copy of a float16 stream) is recomputed
         # inside, so the region sees one value, not two unrelated inputs.
@@ -381,7 +382,7 @@ def _subprogram(
     mset = set(members)
     const = constant_like(program)
     copied: set[int] = set(copies)
-    stack = [a for m in members for a in nodes[m].args if a in const]
+    stack = [a for m in members for a in nodes[m].args if a in const and a not in ins]
     while stack:
         a = stack.pop()
         if a not in copied:

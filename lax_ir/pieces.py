@@ -72,6 +72,19 @@ def constant_like(program: Program) -> set[int]:
     return out
 
 
+def array_constants(program: Program) -> set[int]:
+    """Constant-like nodes computed from an array literal (a closed-over weight: a µGraph
+    reads it as a kernel argument, so a region takes it as an input, not a copy)."""
+    out: set[int] = set()
+    const = constant_like(program)
+    for i, n in enumerate(program.nodes):
+        if i not in const:
+            continue
+        if (n.op == "constant" and n.size > 1) or any(a in out for a in n.args):
+            out.add(i)
+    return out
+
+
 def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
     """The layout ops of one region that XLA should run, with the reason for each."""
     nodes, users = program.nodes, program.users

@@ -523,3 +523,19 @@ def test_missing_search_module_warns_once_and_runs_xla(tmp_path, monkeypatch):
         assert_close(f(*xs), jax.jit(bench.fn)(*xs))
     assert f.stats.kernels == 0 and f.stats.searches == 0
     assert f.last.decisions[0].reason.startswith("search unavailable")
+
+
+def test_a_closed_over_weight_is_a_kernel_argument(tmp_path):
+    """A one-argument `block(x)` whose weight is closed over (a constant in the jaxpr) gets a
+    kernel: the region takes the array as an input (a µGraph cannot hold it as a literal)."""
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((64, 48)) * 0.1, jnp.float32)
+
+    def block(x):
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        return h @ w
+
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    f = mirage_jax.jit(block, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1)
+    got = f(x)
+    assert [d.status for d in f.last.decisions] == ["kernel"], f.last.decisions
+    np.testing.assert_allclose(np.asarray(got), np.asarray(block(x)), rtol=1e-4, atol=1e-4)
