@@ -36,7 +36,7 @@ from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.assemble import assemble
 from mirage_jax.cache import Cache, lib_version, make_key
-from mirage_jax.function_check import FUNCTION_CHECK, FunctionCheck, kernels_key
+from mirage_jax.function_check import FUNCTION_CHECK, FunctionCheck, best_subset, kernels_key
 from mirage_jax.function_check import measure as measure_function
 from mirage_jax.log import logger
 from mirage_jax.log import times as log_times
@@ -235,9 +235,18 @@ class MirageJit:
         if run is not None and self.opts.function_check and backends.get(backend).needs_gpu:
             check = self._function_check(program, decisions, asm.fn, backend)
             if check is not None and check.choice == "xla":
+                kept = self._kept_kernels(program, part, decisions, replacements, backend, check)
                 kernels = [d.index for d in decisions if d.status == "kernel"]
-                decisions = self._demote(part, decisions, dict.fromkeys(kernels, check.reason))
-                run = None
+                if kept is None:
+                    reasons = dict.fromkeys(kernels, check.reason)
+                    run = None
+                else:
+                    subset, check = kept
+                    why = f"left out by the whole-function check: {check.reason}"
+                    reasons = {k: why for k in kernels if k not in subset}
+                    asm = assemble(program, part, {k: replacements[k] for k in subset})
+                    run = lax_ir.as_function(program, asm.fn)
+                decisions = self._demote(part, decisions, reasons)
         for d in decisions:
             logger.info(
                 "%s region %d: %s: %s%s", name, d.index, d.status, d.reason, log_times(d.timings)
@@ -268,11 +277,40 @@ class MirageJit:
             for d in decisions
         )
 
+    def _kept_kernels(
+        self,
+        program: Any,
+        part: Any,
+        decisions: Sequence[Any],
+        replacements: Mapping[int, Callable],
+        backend: str,
+        full: FunctionCheck,
+    ) -> tuple[frozenset[int], FunctionCheck] | None:
+        """The kernels to keep when all of them lost the whole-function check
+        (`function_check.best_subset`; each subset's check cached like the full one)."""
+        kernel = {d.index: d for d in decisions if d.status == "kernel"}
+
+        def check(subset: frozenset[int]) -> FunctionCheck | None:
+            asm = assemble(program, part, {k: replacements[k] for k in subset})
+            if asm.skipped or not asm.substituted:
+                return None
+            return self._function_check(
+                program, [kernel[k] for k in subset], asm.fn, backend, xla_us=full.xla_us
+            )
+
+        return best_subset(sorted(kernel), check, full)
+
     def _function_check(
-        self, program: Any, decisions: Sequence[Any], flat: Callable, backend: str
+        self,
+        program: Any,
+        decisions: Sequence[Any],
+        flat: Callable,
+        backend: str,
+        xla_us: float | None = None,
     ) -> Any:
         """The whole-function check of this signature: memo, cache, else measured and stored
-        (`mirage_jax.function_check`). None if it cannot run (reported; strict: raised)."""
+        (`mirage_jax.function_check`; `xla_us`: jax.jit's time, already measured). None if it
+        cannot run (reported; strict: raised)."""
         options = {
             FUNCTION_CHECK: kernels_key([d.cache_key for d in decisions if d.status == "kernel"])
         }
@@ -291,7 +329,8 @@ class MirageJit:
                 fallback(f"cache:{self.cache.path}", f"mirage_jax cache: {e}", e, self.opts.strict)
         if check is None:
             try:
-                check = eagerly(measure_function, program, flat, self.opts.seed)
+                measure = functools.partial(measure_function, xla_us=xla_us)
+                check = eagerly(measure, program, flat, self.opts.seed)
             except Exception as e:  # a failed check keeps the kernels, with a warning
                 fallback(
                     f"function-check:{key}",

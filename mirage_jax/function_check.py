@@ -70,11 +70,16 @@ def kernels_key(cache_keys: Sequence[str]) -> str:
 
 
 def measure(
-    program: Any, assembled: Callable[[Sequence[Any]], list[Any]], seed: int = 0, calls: int = 30
+    program: Any,
+    assembled: Callable[[Sequence[Any]], list[Any]],
+    seed: int = 0,
+    calls: int = 30,
+    xla_us: float | None = None,
 ) -> FunctionCheck:
     """Compare and time `assembled` (flat inputs, as `assemble` returns) and the captured
     function itself under `jax.jit` on the same random inputs; call it eagerly (not inside a
-    trace). Values that differ (`mismatch`) make the choice "xla" whatever the times."""
+    trace). Values that differ (`mismatch`) make the choice "xla" whatever the times. A given
+    `xla_us` (the function itself, timed earlier in this process) is not timed again."""
     from mirage_jax.profile import time_trace
     from mirage_jax.select import random_inputs
 
@@ -87,12 +92,57 @@ def measure(
 
     xs = inputs(0)
     mismatch = compare(with_kernels(*xs), original(*xs))
-    xla = time_trace(original, inputs, calls=calls)
-    mine = time_trace(with_kernels, inputs, calls=calls)
-    choice = "kernels" if mine.median_us < xla.median_us and mismatch is None else "xla"
+    if xla_us is None:
+        xla_us = time_trace(original, inputs, calls=calls).median_us
+    mine = time_trace(with_kernels, inputs, calls=calls).median_us
+    choice = "kernels" if mine < xla_us and mismatch is None else "xla"
     return FunctionCheck(
-        choice, mine.median_us, xla.median_us, "mirage_jax.profile.time_trace", "measured", mismatch
+        choice, mine, xla_us, "mirage_jax.profile.time_trace", "measured", mismatch
     )
+
+
+def best_subset(
+    kernels: Sequence[int],
+    check: Callable[[frozenset[int]], FunctionCheck | None],
+    full: FunctionCheck,
+    max_tries: int = 6,
+) -> tuple[frozenset[int], FunctionCheck] | None:
+    """The set of kernels (region indices) to keep when all of them together lost the check.
+
+    Kernels that win their regions can lose the whole function (a cut costs XLA a fusion
+    across it). One round of leave-one-out over at most `max_tries` kernels, then the set
+    without every kernel whose removal helped; the fastest measured set that beats jax.jit
+    wins. `check(subset)` measures (or recalls) one set; None: it could not run. None: no
+    set wins, or the values differ (`full.mismatch`: no subset is trusted), so all run as XLA.
+    """
+    everything = frozenset(kernels)
+    if full.choice == "kernels":
+        return everything, full
+    if full.mismatch is not None or len(everything) < 2 or full.kernels_us is None:
+        return None
+    measured: dict[frozenset[int], FunctionCheck] = {}
+    for k in sorted(everything)[:max_tries]:
+        c = check(everything - {k})
+        if c is not None:
+            measured[everything - {k}] = c
+    if any(c.mismatch is not None for c in measured.values()):
+        return None
+    helped = {k for k in everything if (c := measured.get(everything - {k})) is not None
+              and c.kernels_us is not None and c.kernels_us < full.kernels_us}  # fmt: skip
+    rest = everything - helped
+    if len(helped) > 1 and rest and rest not in measured:
+        c = check(rest)
+        if c is not None:
+            measured[rest] = c
+    winners = [
+        (c.kernels_us, sorted(s), s, c)
+        for s, c in measured.items()
+        if c.choice == "kernels" and c.mismatch is None and c.kernels_us is not None
+    ]
+    if not winners:
+        return None
+    _, _, subset, c = min(winners)
+    return subset, c
 
 
 def compare(got: Any, want: Any) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mirage_jax.function_check import FunctionCheck, compare
+from mirage_jax.function_check import FunctionCheck, best_subset, compare
 
 
 def test_compare_accepts_summation_order_noise() -> None:
@@ -30,3 +30,71 @@ def test_a_mismatch_is_the_reason_and_survives_the_cache() -> None:
     assert "values differ" in c.reason
     back = FunctionCheck.from_timings(c.timings())
     assert back.mismatch == c.mismatch and back.choice == "xla"
+
+
+def _fake(times: dict[frozenset[int], float], xla_us: float, calls: list):
+    """A check that answers from a table of kernel-set timings, recording what it was asked."""
+
+    def check(subset: frozenset[int]) -> FunctionCheck:
+        calls.append(subset)
+        us = times[subset]
+        return FunctionCheck("kernels" if us < xla_us else "xla", us, xla_us, "fake")
+
+    return check
+
+
+def test_a_winning_full_set_is_kept_without_subsets() -> None:
+    calls: list = []
+    full = FunctionCheck("kernels", 40.0, 50.0, "fake")
+    assert best_subset([0, 1], _fake({}, 50.0, calls), full) == (frozenset({0, 1}), full)
+    assert calls == []
+
+
+def test_the_kernel_that_costs_the_function_is_left_out() -> None:
+    # kernel 2 loses more across its cut than it wins: without it the function is faster
+    t = {frozenset({0, 1}): 45.0, frozenset({0, 2}): 58.0, frozenset({1, 2}): 57.0}
+    calls: list = []
+    full = FunctionCheck("xla", 52.0, 50.0, "fake")
+    subset, c = best_subset([0, 1, 2], _fake(t, 50.0, calls), full)
+    assert subset == frozenset({0, 1}) and c.kernels_us == 45.0
+    assert sorted(map(sorted, calls)) == [[0, 1], [0, 2], [1, 2]]
+
+
+def test_every_kernel_whose_removal_helped_is_dropped_together() -> None:
+    t = {
+        frozenset({1, 2}): 51.0,  # without 0: better than all (53) but still behind XLA
+        frozenset({0, 2}): 51.5,  # without 1: the same
+        frozenset({0, 1}): 60.0,
+        frozenset({2}): 47.0,  # without both: the winner
+    }
+    calls: list = []
+    full = FunctionCheck("xla", 53.0, 50.0, "fake")
+    subset, c = best_subset([0, 1, 2], _fake(t, 50.0, calls), full)
+    assert subset == frozenset({2}) and c.kernels_us == 47.0
+    assert calls[-1] == frozenset({2})
+
+
+def test_no_subset_when_none_beats_xla_or_values_differ() -> None:
+    t = {frozenset({0}): 55.0, frozenset({1}): 56.0}
+    full = FunctionCheck("xla", 54.0, 50.0, "fake")
+    assert best_subset([0, 1], _fake(t, 50.0, []), full) is None
+    calls: list = []
+    wrong = FunctionCheck("xla", 40.0, 50.0, "fake", mismatch="output 0: max error 3")
+    assert best_subset([0, 1], _fake(t, 50.0, calls), wrong) is None and calls == []
+    assert best_subset([0], _fake(t, 50.0, calls), full) is None and calls == []
+
+
+def test_a_subset_whose_values_differ_stops_the_search() -> None:
+    def check(subset: frozenset[int]) -> FunctionCheck:
+        return FunctionCheck("xla", 10.0, 50.0, "fake", mismatch="output 0: max error 1")
+
+    assert best_subset([0, 1], check, FunctionCheck("xla", 52.0, 50.0, "fake")) is None
+
+
+def test_leave_one_out_is_capped() -> None:
+    calls: list = []
+    kernels = list(range(9))
+    t = {frozenset(kernels) - {k}: 60.0 for k in kernels}
+    full = FunctionCheck("xla", 55.0, 50.0, "fake")
+    assert best_subset(kernels, _fake(t, 50.0, calls), full, max_tries=4) is None
+    assert len(calls) == 4

@@ -9,6 +9,7 @@ nothing and runs the µGraph's own evaluator. `mirage_jax.jit` also accepts the 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ class Backend:
         missing = self.missing()
         if missing:
             return False, f"backend {self.name!r} needs {', '.join(missing)} (the `gpu` extra)"
+        if self.name == "triton" and (problem := jax_triton_problem()):
+            return False, f"backend 'triton': {problem}"
         return True, ""
 
     def load(self) -> ModuleType:
@@ -102,15 +105,55 @@ def get(name: str) -> Backend:
         ) from None
 
 
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+@functools.cache
+def jax_triton_problem() -> str | None:
+    """Why the installed jax-triton cannot launch kernels here, or None where it can tell none.
+
+    jax-triton imports even where it does not fit the installed triton: it then replaces
+    triton's NVIDIA backend with a stub and every kernel fails at its first call (seen with
+    jax-triton 0.4.1 beside triton 3.6). This says so once, before any region is searched.
+    """
+    try:
+        from jax_triton import triton_lib
+    except Exception as e:  # any import failure makes the backend unusable
+        return f"jax_triton does not import ({type(e).__name__}: {e})"
+    cuda = getattr(getattr(triton_lib, "cb", None), "CUDABackend", None)
+    if cuda is not None and not str(getattr(cuda, "__module__", "")).startswith("triton"):
+        return (
+            f"jax-triton {_version('jax-triton')} cannot load triton {_version('triton')}'s "
+            "NVIDIA backend (jax-triton 0.3.1 matches triton 3.6; 0.4 needs triton >= 3.7): "
+            'install the matching jax-triton (pip install "mirage-jax[gpu]")'
+        )
+    return None
+
+
 def gpu_default() -> str:
-    """What "auto" lowers to on a GPU: jax-triton where it imports, else Pallas.
+    """What "auto" lowers to on a GPU: jax-triton where it imports and fits the installed
+    triton (`jax_triton_problem`), else Pallas (with a warning naming the problem).
 
     On the H100 (experiments/results/h100-2026-11-21-final.md) the best searched µGraph through
     our Triton source was never more than 2% slower than through Pallas and faster on 12 of 21
     benchmarks (attention at b=8/16 by 1.5-1.7x); Pallas is the fallback when jax-triton is
     not installed (the `gpu` extra).
     """
-    return "triton" if not BACKENDS["triton"].missing() else "pallas"
+    if BACKENDS["triton"].missing():
+        return "pallas"
+    problem = jax_triton_problem()
+    if problem:
+        from mirage_jax._env import warn_once
+
+        warn_once("jax-triton-unusable", f"mirage_jax: {problem}; backend='auto' uses Pallas")
+        return "pallas"
+    return "triton"
 
 
 def resolve(choice: str, has_gpu: bool) -> tuple[str | None, str]:
