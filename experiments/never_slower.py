@@ -100,6 +100,7 @@ def measure(key: str, fn: Any, inputs: Any, dtype: str, args: argparse.Namespace
                 "xla_us": t.get("xla_us"),
                 "search_s": t.get("search_s"),
                 "select_s": t.get("select_s"),
+                "select_phases_s": t.get("select_phases_s"),
                 "structure": None if dcs.mugraph is None else dcs.mugraph.meta.get("structure"),
             }
         )

@@ -170,6 +170,7 @@ def select_searched(
         "search": result.message,
         "search_s": result.stats.get("search_s"),
         "select_s": round(time.perf_counter() - t0, 2),
+        "select_phases_s": {k: round(v, 2) for k, v in sel.extra.get("phases", {}).items()},
     }
     if timed and sel.passed:
         t |= {"xla_us": sel.xla_us, "mugraph_us": sel.fastest_us, "method": sel.method}

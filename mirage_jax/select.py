@@ -14,9 +14,11 @@ a µGraph is chosen only if it is faster than XLA by more than `tie` (relative).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,14 +259,26 @@ def select(
     def tol(dtype: str) -> float:
         return rtol.get(dtype, 2e-2) if isinstance(rtol, Mapping) else rtol
 
+    phases = dict.fromkeys(("xla_s", "reference_s", "verify_s", "lower_s", "time_s"), 0.0)
+
+    @contextlib.contextmanager
+    def phase(name: str):  # wall seconds per step of the selection, kept in its timings
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            phases[name] += time.perf_counter() - t0
+
     xla_us, method = None, "cost model"
     if timed:
-        xla_us, method = run_timer(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
+        with phase("xla_s"):
+            xla_us, method = run_timer(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
         if context is not None:
             method += ", in context (the region's own inputs and layout steps)"
     contenders = [Contender("xla", xla_us)]
-    xs = inputs(0)
-    reference = [np.asarray(o, np.float64) for o in lax_ir.evaluate_reference(program, *xs)]
+    with phase("reference_s"):
+        xs = inputs(0)
+        reference = [np.asarray(o, np.float64) for o in lax_ir.evaluate_reference(program, *xs)]
 
     def attempt(label: str, g: MuGraph, known: tuple | None = None) -> tuple[Contender, Any]:
         """Verify (unless `known`: its verdict and output order), lower, check and time one
@@ -273,9 +287,11 @@ def select(
         verdict, order = known or (None, None)
         try:
             if known is None and verify_trials is not None:
-                verdict, order = _verify(g, program, verify_trials, seed)
-            fn = lower(g, backend=backend)
-            outs = list(fn(*xs))
+                with phase("verify_s"):
+                    verdict, order = _verify(g, program, verify_trials, seed)
+            with phase("lower_s"):
+                fn = lower(g, backend=backend)
+                outs = list(fn(*xs))
             outs = [
                 np.asarray(o, np.float64) for o in ([outs[i] for i in order] if order else outs)
             ]
@@ -288,7 +304,8 @@ def select(
                 return Contender(
                     label, None, g, f"wrong result: {err:.3g}", est, err, verdict
                 ), order
-            us = run_timer(fn, True, g, order)[0] if timed else None
+            with phase("time_s"):
+                us = run_timer(fn, True, g, order)[0] if timed else None
         except Exception as e:  # a failure drops the candidate, with the reason
             if strict and not isinstance(e, (LoweringError, NotEqual)):
                 raise
@@ -306,7 +323,7 @@ def select(
         if not timed:
             _log(program, contenders)
             why = "the cost model's best that lowers and passes the float check (not timed)"
-            return Selection(g, why, tuple(contenders), method, backend)
+            return Selection(g, why, tuple(contenders), method, backend, {"phases": phases})
         if best is None or c.us < best[0]:
             best, best_of = (c.us, g), (c, order)
     if best is not None and tune_warps and WARPS not in best[1].meta:
@@ -320,13 +337,13 @@ def select(
     if best is None:
         first = next((f" (first failure: {c.error})" for c in contenders[1:]), "")
         why = f"no µGraph lowered and ran correctly; XLA kept{first}"
-        return Selection(None, why, tuple(contenders), method, backend)
+        return Selection(None, why, tuple(contenders), method, backend, {"phases": phases})
     if best[0] < xla_us * (1.0 - tie):
         why = f"fastest: {best[0]:.2f} µs against XLA {xla_us:.2f} µs"
-        return Selection(best[1], why, tuple(contenders), method, backend)
+        return Selection(best[1], why, tuple(contenders), method, backend, {"phases": phases})
     margin = f"within {tie:.0%} or slower" if tie else "not faster"
     why = f"XLA kept: {xla_us:.2f} µs, best µGraph {best[0]:.2f} µs ({margin})"
-    return Selection(None, why, tuple(contenders), method, backend)
+    return Selection(None, why, tuple(contenders), method, backend, {"phases": phases})
 
 
 def _log(program: Program, contenders: list[Contender]) -> None:
