@@ -71,9 +71,15 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, str]]:
     return out
 
 
-def measure(key: str, fn: Any, inputs: Any, dtype: str, args: argparse.Namespace) -> dict:
+def measure(
+    key: str, fn: Any, inputs: Any, dtype: str, args: argparse.Namespace, timer: Any = None
+) -> dict:
+    """One row: `mirage_jax.jit(fn)` (fresh cache, own search) against `jax.jit(fn)`, both timed
+    by `timer` (default `profile.time_trace`; `experiments.real_baselines` reuses this)."""
     import mirage_jax
     from mirage_jax.profile import time_trace
+
+    timer = time_trace if timer is None else timer
 
     xs = inputs(0)
     with tempfile.TemporaryDirectory() as d:
@@ -85,8 +91,8 @@ def measure(key: str, fn: Any, inputs: Any, dtype: str, args: argparse.Namespace
         first_s = time.perf_counter() - t0
         ref = jax.jit(fn)
         err = _max_rel(got, ref(*xs))
-        t_jax = time_trace(ref, inputs, calls=args.calls)
-        t_mine = time_trace(f, inputs, calls=args.calls)
+        t_jax = timer(ref, inputs, calls=args.calls)
+        t_mine = timer(f, inputs, calls=args.calls)
         rec = f.last
     regions = []
     for dcs in rec.decisions:

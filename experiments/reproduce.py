@@ -16,6 +16,8 @@ matplotlib, but no galois, egglog or network):
   against the float64 reference; times them all with `mirage_jax.profile.time_device`; writes
   ``<machine>-<date>.json`` and ``.md``, and ``.png``/``.svg`` where matplotlib imports.
 - ``--phase figure``: redraws the table and the figure from a results file.
+- ``--phase real`` (GPU): the real-model set (`experiments/models`) against jax.jit, a fresh
+  mirage_jax.jit, cuDNN, Pallas decode and tokamax attention (`experiments.real_baselines`).
 
 ``--quick`` runs search and time on the CPU at reduced shapes (`Benchmark.small`) with a small
 budget, Pallas in interpret mode and no timing: every path runs (CI), nothing is measured.
@@ -1166,10 +1168,10 @@ def phase_figure(args: argparse.Namespace) -> list[Path]:
 # ---------------------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of `python -m experiments.reproduce` / `mirage-jax reproduce`."""
-    p.add_argument("--phase", choices=("search", "time", "figure", "all"), default="all",
+    p.add_argument("--phase", choices=("search", "time", "figure", "real", "all"), default="all",
                    help="search (CPU: writes the plan), time (GPU: reads the plan, writes the "
-                   "results), figure (redraws from a results file), all (search then time; the "
-                   "default)")  # fmt: skip
+                   "results), figure (redraws from a results file), real (GPU: the real-model "
+                   "baselines, experiments.real_baselines), all (search then time; the default)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help="CPU smoke run: reduced shapes, small budget, Pallas interpret mode, "
                    "float checks only, no timing (CI)")  # fmt: skip
@@ -1329,6 +1331,11 @@ def run(
     if args.phase == "figure":
         phase_figure(args)
         return 0
+    if args.phase == "real":  # resumes, so a run cut by --deadline-s is continued by the next
+        from experiments import real_baselines
+
+        argv = ["--out", str(args.out), "--calls", str(args.calls), "--resume"]
+        return real_baselines.main([*argv, "--stop-after-s", str(args.deadline_s)])
     if args.phase in ("search", "all"):
         args.plan = str(phase_search(args))
     if args.phase in ("time", "all"):

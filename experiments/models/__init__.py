@@ -20,6 +20,10 @@ Usage::
     outs = jax.jit(m.fn)(*case.args)          # (x, k_cache, v_cache)
     want = m.reference(case)                  # float64 numpy, same weights
     program = lax_ir.capture(m.fn, *m.abstract_args())   # no weights drawn
+    cudnn = m.with_attention("cudnn")         # the same block, attention by cuDNN (GPU)
+
+`attention=` picks what computes each block's attention core (`experiments.models.attention`:
+"einsum", the model as written, by default; "xla", "cudnn", "pallas_decode", "tokamax_*").
 
 Sizes are in `experiments.models.configs` ("tiny", "realistic", "llama7b"). Tiny runs in float32
 by default, the others in float16 (the dtype of the paper's set on the GPU); `dtype=` overrides.
@@ -27,6 +31,7 @@ by default, the others in float16 (the dtype of the paper's set on the GPU); `dt
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.models import attention as attn
 from experiments.models import checkpoints as ck
 from experiments.models import configs, reference
 from experiments.models.configs import SIZES, Config
@@ -92,6 +98,7 @@ class Model:
         arg_names: one name per positional argument ("block"/"params" is the weights pytree).
         output_names: one name per output.
         notes: what the block is and where it departs from the model it follows.
+        attention: what computes the attention core (`experiments.models.attention`).
     """
 
     name: str
@@ -105,6 +112,7 @@ class Model:
     output_names: tuple[str, ...]
     notes: str
     _entry: _Entry = field(repr=False, compare=False)
+    attention: str = attn.DEFAULT
 
     @property
     def key(self) -> str:
@@ -115,6 +123,23 @@ class Model:
     def tolerance(self) -> tuple[float, float]:
         """(rtol, atol) of outputs against `reference`, for this dtype."""
         return TOLERANCE[self.dtype.name]
+
+    def not_applicable(self, attention: str) -> str | None:
+        """Why `attention` cannot compute this block's attention core, or None."""
+        c = self.config
+        return attn.not_applicable(
+            attention, family=self._entry.family, q_len=c.q_len, kv_len=c.kv_len,
+            head_dim=c.head_dim, dtype=self.dtype,
+        )  # fmt: skip
+
+    def with_attention(self, attention: str) -> Model:
+        """This model with its attention core computed by `attention`; ValueError saying why
+        where that implementation does not apply."""
+        reason = self.not_applicable(attention)
+        if reason is not None:
+            raise ValueError(f"{self.key}: attention={attention!r} does not apply: {reason}")
+        fn = attn.with_attention(self._entry.make_fn(self.config), attention)
+        return dataclasses.replace(self, fn=fn, attention=attention)
 
     def _input_shapes(self) -> dict[str, tuple[int, ...]]:
         return self._entry.input_shapes(self.config, self.batch)
@@ -357,8 +382,11 @@ def default_dtype(size: str) -> np.dtype:
     return np.dtype(np.float32 if size == "tiny" else np.float16)
 
 
-def get(name: str, batch: int = 1, size: str = "tiny", dtype: Any = None) -> Model:
-    """The model `name` at `batch` and `size`; KeyError/ValueError naming the valid choices."""
+def get(
+    name: str, batch: int = 1, size: str = "tiny", dtype: Any = None, attention: str = attn.DEFAULT
+) -> Model:
+    """The model `name` at `batch` and `size` (its attention by `attention`); KeyError/ValueError
+    naming the valid choices."""
     if name not in _ENTRIES:
         raise KeyError(f"no model {name!r}; names: {', '.join(names())}")
     if size not in SIZES:
@@ -372,7 +400,7 @@ def get(name: str, batch: int = 1, size: str = "tiny", dtype: Any = None) -> Mod
         raise ValueError(f"dtype {dt.name} not supported; one of {', '.join(TOLERANCE)}")
     input_names = tuple(e.input_shapes(cfg, batch))
     arg_names = ((e.params_name,) if e.weight_specs is not None else ()) + input_names
-    return Model(
+    model = Model(
         name=name,
         size=size,
         batch=batch,
@@ -385,6 +413,7 @@ def get(name: str, batch: int = 1, size: str = "tiny", dtype: Any = None) -> Mod
         notes=e.notes,
         _entry=e,
     )
+    return model if attention == attn.DEFAULT else model.with_attention(attention)
 
 
 def suite(size: str = "realistic", batches: tuple[int, ...] = BATCHES) -> list[Model]:

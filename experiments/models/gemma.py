@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from experiments.models import attention as attention_impl
 from experiments.models.checkpoints import Weights
 from experiments.models.configs import Config
 
@@ -65,6 +66,10 @@ def attention(
 
     k_cache = lax.dynamic_update_slice(k_cache, key, (0, pos, 0, 0))
     v_cache = lax.dynamic_update_slice(v_cache, value, (0, pos, 0, 0))
+    if attention_impl.current() != attention_impl.DEFAULT:  # a library kernel (real_baselines)
+        lengths = attention_impl.decode_lengths(pos, b)
+        encoded = attention_impl.attend(query, k_cache, v_cache, valid_len=lengths, scale=1.0)
+        return jnp.einsum("BTNH,NHD->BTD", encoded, p["out_proj"]), k_cache, v_cache
 
     n_kv = k_cache.shape[2]
     q = query.reshape(b, t, n_kv, query.shape[2] // n_kv, query.shape[3])

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from experiments.models import attention
 from experiments.models.checkpoints import Weights
 from experiments.models.configs import Config
 
@@ -45,6 +46,9 @@ def causal_self_attention(p: Params, x: jax.Array, n_head: int) -> tuple[jax.Arr
     q = q.reshape(B, T, n_head, C // n_head)
     k = k.reshape(B, T, n_head, C // n_head)
     v = v.reshape(B, T, n_head, C // n_head)
+    if attention.current() != attention.DEFAULT:  # a library kernel (real_baselines)
+        y = attention.attend(q, k, v, causal=True).reshape(B, T, C)
+        return linear(p["c_proj"], y), k, v
 
     att = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(k.shape[-1]))
     mask = jnp.tril(jnp.ones((T, T), dtype=bool))

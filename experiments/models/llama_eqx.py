@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from experiments.models import attention
 from experiments.models.checkpoints import Weights
 from experiments.models.configs import Config
 
@@ -76,6 +77,10 @@ class Attention(eqx.Module):
         k = rope(k, positions, self.rope_theta)
         k_cache = lax.dynamic_update_slice(k_cache, k, (pos, 0, 0))
         v_cache = lax.dynamic_update_slice(v_cache, v, (pos, 0, 0))
+        if attention.current() != attention.DEFAULT:  # a library kernel (real_baselines)
+            lengths = attention.decode_lengths(pos, 1)
+            out = attention.attend(q[None], k_cache[None], v_cache[None], valid_len=lengths)[0]
+            return jax.vmap(self.o_proj)(out.reshape(seq_len, -1)), k_cache, v_cache
 
         mask = jnp.arange(kv_len)[None, None, :] <= positions[:, None, None]  # (T, 1, S)
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from experiments.models import attention
 from experiments.models.checkpoints import Weights
 from experiments.models.configs import Config
 
@@ -73,6 +74,10 @@ class Attention(nnx.Module):
 
         k_cache = lax.dynamic_update_slice(k_cache, k, (0, pos, 0, 0))
         v_cache = lax.dynamic_update_slice(v_cache, v, (0, pos, 0, 0))
+        if attention.current() != attention.DEFAULT:  # a library kernel (real_baselines)
+            lengths = attention.decode_lengths(pos, bsz)
+            out = attention.attend(q, k_cache, v_cache, valid_len=lengths)
+            return self.o_proj(out.reshape(bsz, seqlen, -1)), k_cache, v_cache
         keys = repeat_kv(k_cache, cfg.groups)
         values = repeat_kv(v_cache, cfg.groups)
 
