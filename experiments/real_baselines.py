@@ -261,7 +261,7 @@ def figure(doc: dict, out: Path) -> list[Path]:
     ax.set_xticklabels([g.replace("_", " ") for g in groups], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("speedup over jax.jit (device time)")
     ax.set_title(
-        f"Real models, {doc['machine']['device']}, {doc['date']} "
+        f"Real models, {doc['machine']['device']}, {doc['date']}\n"
         "(n/a: does not apply; ×: failed or not timed)",
         fontsize=9,
     )

@@ -278,6 +278,24 @@ def _compare(out_a: Sequence[FieldArray], out_b: Sequence[FieldArray]) -> np.nda
     return compat
 
 
+_MEMO: dict[tuple, Verdict] = {}
+MEMO_SIZE = 4096
+"""Verdicts kept per process: the search verifies its best µGraphs at full size and the
+selection would verify the same pairs again (at prefill sizes, seconds each)."""
+
+
+def _memo_key(a: Any, b: Any, trials, seed, field, target_bound, max_void) -> tuple | None:
+    """What a verdict depends on, or None where a program has no canonical hash (or a fixed
+    field is given): then nothing is remembered."""
+    try:
+        ha, hb = a.canonical_hash, b.canonical_hash
+    except AttributeError:
+        return None
+    if field is not None or not isinstance(ha, str) or not isinstance(hb, str):
+        return None
+    return (type(a).__name__, ha, type(b).__name__, hb, trials, seed, target_bound, max_void)
+
+
 def verify(
     a: Any,
     b: Any,
@@ -289,6 +307,9 @@ def verify(
     max_void_trials: int = MAX_VOID_TRIALS,
 ) -> Verdict:
     """Test two programs for equality of their exact semantics, up to a permutation of outputs.
+
+    The verdict is a function of the two programs' structure (canonical hashes) and the
+    arguments, so the same question asked twice in a process is answered from memory.
 
     Arguments:
         a, b: Programs, or anything with `input_avals`, `output_avals` and
@@ -306,6 +327,27 @@ def verify(
         TypeError: the input avals differ.
         FieldSemanticsError: an op has no field meaning (it names the op).
     """
+    key = _memo_key(a, b, trials, seed, field, target_bound, max_void_trials)
+    if key is not None and key in _MEMO:
+        return _MEMO[key]
+    v = _verify(a, b, trials, seed, field, target_bound, max_void_trials)
+    if key is not None:
+        if len(_MEMO) >= MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = v
+    return v
+
+
+def _verify(
+    a: Any,
+    b: Any,
+    trials: int | None,
+    seed: int,
+    field: Field | None,
+    target_bound: float,
+    max_void_trials: int,
+) -> Verdict:
+    """`verify` without the memo."""
     fixed = field
     avals_a, avals_b = tuple(a.input_avals), tuple(b.input_avals)
     if avals_a != avals_b:

@@ -141,6 +141,7 @@ def select_searched(
     """The selection half of `search_region`: lower, check and (on a GPU) time the searched
     µGraphs of `result` against XLA (`mirage_jax.select`); what the cache stores."""
     from mirage_jax.cache import mugraph_to_json
+    from mirage_jax.search import Budget
     from mirage_jax.select import FLOAT_TOL, random_inputs, select
 
     t0 = time.perf_counter()
@@ -155,7 +156,7 @@ def select_searched(
         inputs=lambda s: random_inputs(program, opts.seed + s),
         rtol=FLOAT_TOL,
         lower=lambda g, backend: jax.jit(lower_mugraph(g, backend, opts.lower_config)),
-        verify_trials=3,
+        verify_trials=Budget().trials,  # the search's: its full-size verdicts are reused
         seed=opts.seed,
         strict=opts.strict,
         tune_warps=opts.lower_config is None,

@@ -36,7 +36,7 @@ def jobs() -> list[zoo.Job]:
     return [*out, zoo.Job("again_" + first.name, first.fn, first.args)]
 
 
-WALL_CLOCK = ("search_s", "select_s")
+WALL_CLOCK = ("search_s", "select_s", "select_phases_s")
 """Timings that are seconds of wall clock (where the search records them), not choices."""
 
 
