@@ -241,12 +241,13 @@ def test_pallas_lowers_for_an_h100(name):
 def test_triton_source_compiles_for_sm90():
     pytest.importorskip("triton")
     from mirage_jax.lower import triton as tr
+    from mirage_jax.lower import triton_runtime
 
     g = softmax_graph()
     (p,) = plan(g).values()
     name, src = tr.kernel_source(p, TritonConfig())
     assert "tl.dot(" in src and "for it in range(0, 4)" in src
-    fn = tr.load_kernel(name, src)
+    fn = triton_runtime.load_kernel(name, src)
     compiled = tr.compile_for(fn, ["float16"] * 4)
     assert "ptx" in compiled.asm and compiled.metadata.shared > 0
 
@@ -254,11 +255,12 @@ def test_triton_source_compiles_for_sm90():
 def test_source_is_cached_and_readable(tmp_path, monkeypatch):
     pytest.importorskip("triton")
     from mirage_jax.lower import triton as tr
+    from mirage_jax.lower import triton_runtime
 
     monkeypatch.setenv("MIRAGE_JAX_TRITON_CACHE", str(tmp_path))
     (p,) = plan(padded_graph()).values()
     name, src = tr.kernel_source(p, TritonConfig(num_warps=2))
-    tr.load_kernel(name, src)
+    triton_runtime.load_kernel(name, src)
     files = list(tmp_path.glob("mugraph_kernel_*.py"))
     assert len(files) == 1 and files[0].read_text() == src
     assert "in1_mask" in src  # the 24-wide tile of W is padded to 32 and masked

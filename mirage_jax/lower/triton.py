@@ -5,7 +5,8 @@ emits one readable kernel per planned block graph (the same `KernelPlan` as the 
 backend: padded power-of-two tiles, masks, fp32 accumulators, loop-invariant hoisting) with
 pointer arithmetic from `tl.program_id` and static strides, a `for it in range(F)` loop, and
 masked `tl.store`s through the omaps. Source files are cached on disk (by content hash, under
-`$MIRAGE_JAX_TRITON_CACHE`, else `$XDG_CACHE_HOME/mirage_jax/triton`) and in memory. On a GPU,
+`$MIRAGE_JAX_TRITON_CACHE`, else `$XDG_CACHE_HOME/mirage_jax/triton`) and in memory
+(`triton_runtime`). On a GPU,
 `jax_triton.triton_call` (0.3.1, for triton 3.6; imported lazily) launches them; on the CPU,
 `interpret=True` runs them in Triton's own interpreter through `jax.pure_callback`.
 """
@@ -13,9 +14,6 @@ masked `tl.store`s through the omaps. Source files are cached on disk (by conten
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
-import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +25,7 @@ from lax_ir.layouts import stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
+from mirage_jax.lower.triton_runtime import interpret_kernel, load_kernel
 from mirage_jax.mugraph.opdef import matmul_operand_dtype
 from mirage_jax.mugraph.ops import GELU_CUBIC, OPS, SQRT_2_OVER_PI, SQRT_HALF
 
@@ -465,19 +464,7 @@ def generate_source(
     return "\n".join(head + lines) + "\n"
 
 
-# ---------------------------------------------------------------------------- the cache
-_MODULES: dict[str, Any] = {}
-
-
-def cache_dir() -> pathlib.Path:
-    """Where generated sources live: $MIRAGE_JAX_TRITON_CACHE, else the user cache dir."""
-    env = os.environ.get("MIRAGE_JAX_TRITON_CACHE")
-    if env:
-        return pathlib.Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "mirage_jax" / "triton"
-
-
+# ---------------------------------------------------------------------------- the source
 def kernel_source(
     plan: KernelPlan, config: TritonConfig, views: Mapping[int, tuple] | None = None
 ) -> tuple[str, str]:
@@ -488,93 +475,6 @@ def kernel_source(
     digest = hashlib.sha256(repr(key if views else key[:3]).encode()).hexdigest()[:16]
     name = f"mugraph_kernel_{digest}"
     return name, generate_source(plan, config, name, views)
-
-
-def load_kernel(name: str, source: str) -> Any:
-    """Write `source` to the cache (once) and import its `@triton.jit` function `name`."""
-    key = hashlib.sha256(source.encode()).hexdigest()
-    if key in _MODULES:
-        return getattr(_MODULES[key], name)
-    path = cache_dir() / f"{name}_{key[:8]}.py"
-    if not path.exists() or path.read_text() != source:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"mirage_jax_triton_{key[:16]}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _MODULES[key] = module
-    return getattr(module, name)
-
-
-# ---------------------------------------------------------------------------- running
-class _HostPointer:
-    """A numpy array as Triton's interpreter sees a device tensor (a pointer and a dtype)."""
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-
-    def data_ptr(self) -> int:
-        return self.array.ctypes.data
-
-    @property
-    def dtype(self) -> str:
-        return f"torch.{self.array.dtype.name}"
-
-
-def _interpretable_stdlib(scope: Any) -> None:
-    """Patch triton.language for the interpreter, restorably (`scope.restore()` undoes it).
-
-    Triton decorates its standard library (tl.sum, tl.sigmoid, ...) at import; without
-    TRITON_INTERPRET=1 set before that, those are compiled-only JITFunctions. They are swapped
-    for interpreted ones that do not re-patch the language on each call (Triton's own
-    InterpretedFunction does, and never undoes it, which breaks later compilation in the same
-    process). The reduction combiners stay: the interpreter recognises them by identity.
-    """
-    import triton.language as tl
-    from triton.runtime import interpreter as ti
-    from triton.runtime.jit import JITFunction
-
-    class Interpreted(ti.InterpretedFunction):
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return self.rewrite()(*args, **kwargs)
-
-    namespace = {"tl": tl, "core": tl.core}
-    exec("def _uses_tl_and_core(): pass", namespace)
-    inner = ti._patch_lang(namespace["_uses_tl_and_core"])
-    scope._changes.extend(inner._changes)
-    std = tl.standard
-    keep = {
-        id(getattr(std, n))
-        for n in dir(std)
-        if n.startswith("_") and ("combine" in n or n.startswith("_elementwise_"))
-    }
-    for mod in (tl, std, tl.math, tl.core):
-        for name, member in list(vars(mod).items()):
-            if isinstance(member, JITFunction) and id(member) not in keep:
-                scope.set_attr(mod, name, Interpreted(member.fn))
-
-
-def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray) -> None:
-    """Run a `@triton.jit` kernel on host numpy arrays in Triton's interpreter (CPU only)."""
-    from triton.runtime import interpreter as ti
-
-    raw = fn.fn if hasattr(fn, "fn") else fn
-    rewritten = ti.InterpretedFunction(raw).rewrite()
-    args = [ti._implicit_cvt(_HostPointer(a)) for a in arrays]  # imports gluon: before patching
-    scope = ti._patch_lang(raw)
-    _interpretable_stdlib(scope)
-    try:
-        grid3 = (*grid, *(1,) * (3 - len(grid)))
-        ti.interpreter_builder.set_grid_dim(*grid3)
-        for x in range(grid3[0]):
-            for y in range(grid3[1]):
-                for z in range(grid3[2]):
-                    ti.interpreter_builder.set_grid_idx(x, y, z)
-                    rewritten(*args)
-    finally:
-        scope.restore()
 
 
 def check_rules(plan: KernelPlan, where: str) -> None:
