@@ -36,6 +36,7 @@ import numpy as np
 import lax_ir
 import mirage_jax
 from experiments import benchmarks
+from experiments.errors import max_rel_error
 from mirage_jax import api
 from mirage_jax.cache import Cache
 
@@ -46,9 +47,8 @@ FREE_OPS = ("parameter", "tuple", "get-tuple-element", "bitcast", "constant")
 RESULTS = Path(__file__).resolve().parent / "results" / "jit_bench.json"
 
 
-def rel_error(got: Any, want: Any) -> float:
-    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(g - w)) / (np.max(np.abs(w)) + 1e-30))
+rel_error = max_rel_error
+"""(`experiments.errors.max_rel_error`)."""
 
 
 def region_of(bench: benchmarks.Benchmark) -> Any:

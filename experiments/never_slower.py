@@ -34,22 +34,13 @@ import numpy as np
 if not __package__:  # python experiments/X.py: see experiments/_path.py
     import _path  # noqa: F401
 
+from experiments.errors import max_rel_error
+
 TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 2e-3}
 
 
-def _max_rel(got: Any, want: Any) -> float:
-    """The largest error relative to each output's magnitude; inf where NaN or inf values sit
-    in other places than jax.jit's (a NaN must never read as a match: Python's max(0.0, nan)
-    is 0.0, which hid NaN outputs in the 2026-11-24 GPT-2 rows)."""
-    worst = 0.0
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        fin = np.isfinite(w64)
-        if not np.array_equal(fin, np.isfinite(g64)):
-            return float("inf")
-        scale = float(np.max(np.abs(w64[fin]), initial=0.0)) + 1e-30
-        worst = max(worst, float(np.max(np.abs(g64[fin] - w64[fin]), initial=0.0)) / scale)
-    return worst
+_max_rel = max_rel_error
+"""Kept for callers that name it so (`experiments.errors.max_rel_error`)."""
 
 
 def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, str]]:

@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # python experiments/X.py: see experiments/_path.py
     import _path  # noqa: F401
 
+from experiments.errors import max_rel_error  # noqa: E402
+
 RESULTS = ROOT / "experiments" / "results"
 QUICK_OUT = ROOT / "build" / "reproduce-quick"
 PEER_DIRS = (ROOT / "build" / "peer", ROOT.parent / "shared" / "peer" / "mirage_mugraphs")
@@ -781,17 +783,8 @@ def machine_name(device: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
 
 
-def rel_err(out: Any, ref: Any) -> float:
-    """max|out − ref| / max|ref| in float64 (inf when out is not finite)."""
-    import numpy as np
-
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    if out.shape != ref.shape:
-        return math.inf
-    if not np.all(np.isfinite(out)):
-        return math.inf
-    return float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-30))
+rel_err = max_rel_error
+"""max|out − ref| / max|ref| (`experiments.errors.max_rel_error`)."""
 
 
 class _Inputs:
