@@ -76,6 +76,9 @@ class Budget:
             the graph-defined kernel(s) (`predefined.py`; 0: none); predefined_block_ops: block
             ops per graph-defined kernel after them; predefined_share: the part of `time_s`
             for that phase (after the one-piece enumeration, before cuts).
+        shards: tasks per schedule class, split by the first block op, so that more workers
+            than classes have work; the graphs accepted, their order and the results are
+            those of one task per class.
     """
 
     time_s: float = 300.0
@@ -95,6 +98,7 @@ class Budget:
     max_predefined: int = 2
     predefined_block_ops: int = 6
     predefined_share: float = 0.25
+    shards: int = 8
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,10 @@ def search(
     share = budget.cut_share if budget.cuts and budget.max_kernels >= 2 else 0.0
     deadline = time.monotonic() + budget.time_s * (1.0 - share)
     run = _Run(budget)
-    run.stats.update(tasks=len(tasks), schedule_classes=[t.mapping.describe() for t in tasks])
+    run.stats.update(
+        tasks=len(tasks),
+        schedule_classes=[t.mapping.describe() for t in tasks if t.shard[0] == 0],
+    )
     run.bar = _progress_bar(progress, len(tasks) * max(1, budget.max_block_ops - 1))
     pre_stats: dict[str, Any] = {}
     with pool_for(workers) as raw:
@@ -330,7 +337,8 @@ class _Run:
             "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0,
             "inherited": 0,
         }  # fmt: skip
-        self.accepted: list[tuple[int, int, Structure, str]] = []  # (depth, task, structure, key)
+        self.accepted: list[tuple[int, int, Structure, str]] = []  # (depth, class, structure, key)
+        self.accepted_keys: set[tuple[int, str]] = set()
         self.known: dict[int, dict] = {}
         self.stop_reason = "exhausted"
         self.examined = 0
@@ -354,7 +362,7 @@ class _Run:
             alive = [
                 t for t in tasks
                 if (t.group not in best or depth <= best[t.group] + extra(t.group))
-                and (t.index not in found_at or depth <= found_at[t.index] + extra(t.group))
+                and (t.cls not in found_at or depth <= found_at[t.cls] + extra(t.group))
             ]  # fmt: skip
             if not alive:
                 break
@@ -369,6 +377,8 @@ class _Run:
                     if outcomes[-1].stopped:
                         break
             group = {t.index: t.group for t in alive}
+            cls = {t.index: t.cls for t in alive}
+            new = []  # (class, root candidate, order in its task, outcome index, structure, key)
             for o in sorted(outcomes, key=lambda o: o.index):
                 _merge(self.counters, o.counters)
                 for k in ("verified", "rejected", "invalid", "duplicates", "inherited"):
@@ -378,16 +388,24 @@ class _Run:
                 self.verify_s += o.verify_s
                 self.saturation = o.saturation or self.saturation
                 self.known[o.index].update(o.verdicts)
-                for s, key in o.accepted:
-                    self.accepted.append((depth, o.index, s, key))
-                    found_at.setdefault(o.index, depth)
-                    total = sum(len(k.ops) for k in s.kernels)  # a split-K pair counts both
-                    g = group[o.index]
-                    best[g] = min(best.get(g, total), total)
-                    if s.streams_gemms():
-                        streamed.add(g)
+                roots = o.roots or [-1] * len(o.accepted)
+                for j, ((s, key), r) in enumerate(zip(o.accepted, roots)):
+                    new.append((cls[o.index], r, j, o.index, s, key))
                 if o.stopped and self.stop_reason == "exhausted":
                     self.stop_reason = o.stopped
+            # in the order one task per class finds them (class, first op, depth-first), each
+            # key once (shards of a class may both close a graph another path also builds)
+            for c, _, _, index, s, key in sorted(new, key=lambda a: a[:4]):
+                if (c, key) in self.accepted_keys:
+                    continue
+                self.accepted_keys.add((c, key))
+                self.accepted.append((depth, c, s, key))
+                found_at.setdefault(c, depth)
+                total = sum(len(k.ops) for k in s.kernels)  # a split-K pair counts both
+                g = group[index]
+                best[g] = min(best.get(g, total), total)
+                if s.streams_gemms():
+                    streamed.add(g)
             if self.bar is not None:
                 self.bar.update(len(alive))
                 self.bar.set_postfix(

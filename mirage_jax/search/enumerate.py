@@ -172,8 +172,11 @@ class BlockEnumerator:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ search
-    def run(self, max_ops: int) -> Iterator[Closed]:
-        """Every closable graph with at most `max_ops` block ops (canonical order)."""
+    def run(self, max_ops: int, shard: tuple[int, int] = (0, 1)) -> Iterator[Closed]:
+        """Every closable graph with at most `max_ops` block ops (canonical order); with
+        `shard=(k, n)`, those whose first op is the root's candidate i with i % n == k (the
+        n shards partition the graphs; `root` says which root candidate the current one has)."""
+        self.root = -1
         tensors = list(self.inputs)
         uses = [0] * len(tensors)
         self._pairs: list[tuple[int, int, BT]] = []  # valid matmul operand pairs on the path
@@ -185,14 +188,16 @@ class BlockEnumerator:
         for n in range(len(tensors)):
             pending += self._new_candidates(tensors, n)
         pending.sort(key=lambda c: c[0])
-        yield from self._dfs(tensors, uses, [], pending, max_ops)
+        yield from self._dfs(tensors, uses, [], pending, max_ops, shard)
 
-    def _dfs(self, tensors, uses, ops, pending, max_ops) -> Iterator[Closed]:
-        """`pending`: checked candidates (key, name, args, params, tensor), sorted by key."""
+    def _dfs(self, tensors, uses, ops, pending, max_ops, shard=None) -> Iterator[Closed]:
+        """`pending`: checked candidates (key, name, args, params, tensor), sorted by key;
+        `shard` (the root only): which of the root's candidates to follow."""
         self.c.nodes += 1
         closed = self._try_close(tensors, uses, ops)
         if closed is not None:
-            yield closed
+            if shard is None or shard[0] == 0:  # the graph of no op: the first shard's
+                yield closed
             return
         remaining = max_ops - len(ops)
         if remaining <= 0:
@@ -204,6 +209,10 @@ class BlockEnumerator:
         n = len(tensors)
         n_pairs = len(self._pairs)
         for idx, (_, name, args, params, bt) in enumerate(pending):
+            if shard is not None:
+                if idx % shard[1] != shard[0]:
+                    continue
+                self.root = idx
             if self.should_stop():
                 return
             sig = self._signature(bt)

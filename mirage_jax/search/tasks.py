@@ -92,6 +92,9 @@ class Task:
         inputs: the kernel's inputs (empty: the region's inputs).
         epilogue: positions in `inputs` that are pre-defined outputs.
         group: tasks of one prefix share a group (the depth policy is per group).
+        shard: (k, n): the k-th of n tasks that split the class by the first block op
+            (`BlockEnumerator.run`), so that more workers than classes have work.
+        parent: the index of the class's first shard (the depth policy is per class).
     """
 
     index: int
@@ -100,6 +103,13 @@ class Task:
     inputs: tuple[KTensor, ...] = ()
     epilogue: frozenset = frozenset()
     group: int = 0
+    shard: tuple[int, int] = (0, 1)
+    parent: int = -1
+
+    @property
+    def cls(self) -> int:
+        """The class's number: its first shard's index."""
+        return self.index if self.parent < 0 else self.parent
 
     def __getstate__(self):
         return _export_inputs(self.__dict__)
@@ -114,6 +124,7 @@ class TaskOutcome:
     index: int
     depth: int
     accepted: list = field(default_factory=list)  # (structure, key)
+    roots: list = field(default_factory=list)  # per accepted: its first op's root candidate
     verdicts: dict = field(default_factory=dict)  # key -> bool
     counters: Counters = field(default_factory=Counters)
     verified: int = 0
@@ -203,7 +214,8 @@ def parallel_dims(problem: Problem) -> list[int]:
 
 
 def tasks_of(problem: Problem, budget: Any, prefix=None, first: int = 0, group: int = 0):
-    """One task per schedule class of the (first) graph-defined kernel, numbered from `first`.
+    """`budget.shards` tasks per schedule class of the (first) graph-defined kernel, numbered
+    from `first` (class-major).
 
     With a `predefined.Prefix`, the kernel reads the prefix's chosen inputs.
     """
@@ -213,11 +225,16 @@ def tasks_of(problem: Problem, budget: Any, prefix=None, first: int = 0, group: 
     reduced = sorted(c for c in problem.dims.reduced if c in present)
     split = budget.split and budget.max_kernels >= 2 + n_pre
     classes = schedule_classes(reduced, problem.sizes, problem.small, split=split)
-    if prefix is None:
-        return [Task(first + i, m, group=group) for i, m in enumerate(classes)]
+    n = max(1, int(getattr(budget, "shards", 1)))
+    pre = (
+        (prefix.kernels, prefix.rest, prefix.epilogue)
+        if prefix is not None
+        else ((), (), frozenset())
+    )
     return [
-        Task(first + i, m, prefix.kernels, prefix.rest, prefix.epilogue, group)
+        Task(first + i * n + k, m, *pre, group, (k, n), first + i * n)
         for i, m in enumerate(classes)
+        for k in range(n)
     ]
 
 
@@ -291,7 +308,7 @@ def run_task(
         goal, out.counters, stop, task.epilogue,
     )  # fmt: skip
     parallel = parallel_dims(problem)
-    for closed in en.run(depth):
+    for closed in en.run(depth, task.shard):
         combines = list(_combine(problem, m, closed, out, stop, base)) if m.split else [None]
         passed: list[frozenset] = []  # grids that verified: their subsets need no test
         for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
@@ -339,6 +356,7 @@ def run_task(
                     out.verdicts[key] = ok
                     if ok:
                         out.accepted.append((s, key))
+                        out.roots.append(en.root)
                         passed.append(grid)
                     else:
                         out.rejected += 1
