@@ -108,6 +108,17 @@ class _Options:
 
 
 # ---------------------------------------------------------------------- the decorator
+def _workers(workers: int | None) -> int:
+    """`workers`, or the machine's default (`search.workers.default_workers`) for None."""
+    from mirage_jax.search.workers import default_workers
+
+    if workers is None:
+        return default_workers()
+    if int(workers) < 1:
+        raise ValueError(f"workers must be at least 1, got {workers!r}")
+    return int(workers)
+
+
 class MirageJit:
     """A function compiled like `jax.jit`, with Lax regions replaced by verified kernels.
 
@@ -129,7 +140,7 @@ class MirageJit:
         budget_s: float = DEFAULT_BUDGET_S,
         cache: Cache | str | bool | None = None,
         seed: int = 0,
-        workers: int = 1,
+        workers: int | None = None,
         options: Mapping[str, Any] | None = None,
         lower_config: Any = None,
         progress: bool | None = None,
@@ -142,7 +153,7 @@ class MirageJit:
             raise ValueError(f"search must be one of {SEARCH_MODES}, got {search!r}")
         self.fn = fn
         self.opts = _Options(
-            backend, search, float(budget_s), int(seed), int(workers), dict(options or {}),
+            backend, search, float(budget_s), int(seed), _workers(workers), dict(options or {}),
             lower_config, progress, strict_default() if strict is None else bool(strict),
             bool(function_check),
         )  # fmt: skip
@@ -466,7 +477,7 @@ def jit(
     budget_s: float = DEFAULT_BUDGET_S,
     cache: Cache | str | bool | None = None,
     seed: int = 0,
-    workers: int = 1,
+    workers: int | None = None,
     options: Mapping[str, Any] | None = None,
     lower_config: Any = None,
     progress: bool | None = None,
@@ -486,7 +497,8 @@ def jit(
         budget_s: search time budget per region, in seconds.
         cache: a `Cache`, a database path, None for the default path, False for none.
         seed: the search seed (results are deterministic for a seed).
-        workers: search worker processes.
+        workers: search worker processes (None: the CPUs less two, at most 12; 1 searches in
+            this process).
         options: extra options that change the result (part of the cache key).
         lower_config: a lowering config passed to `mirage_jax.lower.lower`.
         progress: show a progress bar while searching (None: only on a terminal).
@@ -528,7 +540,7 @@ def superoptimize(
     budget_s: float = DEFAULT_BUDGET_S,
     cache: Cache | str | bool | None = None,
     seed: int = 0,
-    workers: int = 1,
+    workers: int | None = None,
     search: str = "auto",
     static_argnums: int | Sequence[int] | None = None,
     progress: bool | None = None,

@@ -97,6 +97,7 @@ def _optimize_many(args: argparse.Namespace) -> int:
     """`optimize --models ...` (or `--ray`): many functions and shapes (`mirage_jax.zoo`)."""
     from mirage_jax import zoo
     from mirage_jax.ray_backend import RayUnavailable
+    from mirage_jax.search.workers import default_workers
 
     jobs: list[Any] = []
     if args.target is not None:
@@ -114,7 +115,7 @@ def _optimize_many(args: argparse.Namespace) -> int:
     try:
         report = zoo.optimize_many(
             jobs, backend=args.backend, budget_s=args.budget_s, cache=cache, seed=args.seed,
-            workers=args.workers, ray=args.ray, progress=not args.quiet,
+            workers=args.workers or default_workers(), ray=args.ray, progress=not args.quiet,
         )  # fmt: skip
     except RayUnavailable as e:
         raise CommandError(one_line(e, 1000)) from e
@@ -423,11 +424,14 @@ def _add_search_args(p: argparse.ArgumentParser, when: str = "", seed: bool = Tr
     )
     if seed:
         p.add_argument("--seed", type=int, default=0, help="search seed (default: %(default)s)")
+    from mirage_jax.search.workers import MAX_DEFAULT_WORKERS, default_workers
+
     p.add_argument(
         "--workers",
         type=at_least_one,
-        default=1,
-        help=when + "search worker processes (>= 1; default: %(default)s)",
+        default=None,
+        help=when + "search worker processes (>= 1; default: the CPUs less two, at most "
+        f"{MAX_DEFAULT_WORKERS}: {default_workers()} here)",
     )
 
 

@@ -91,8 +91,13 @@ def test_help_names_the_defaults(capsys, command, flags):
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
     defaults = {o: a.default for a in sub._actions for o in a.option_strings}
     if "--budget-s" in flags:
-        assert defaults["--budget-s"] == DEFAULT_BUDGET_S and defaults["--workers"] == 1
+        assert defaults["--budget-s"] == DEFAULT_BUDGET_S and defaults["--workers"] is None
     for flag in flags:
+        if flag == "--workers":  # None: the machine's, said with its value here
+            from mirage_jax.search.workers import default_workers
+
+            assert f"at most 12: {default_workers()} here)" in _option_help(out, flag)
+            continue
         assert f"default: {defaults[flag]})" in _option_help(out, flag), (command, flag)
 
 

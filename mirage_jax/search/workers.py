@@ -32,6 +32,21 @@ def _user_main_hidden():
             sys.modules["__main__"] = main
 
 
+MAX_DEFAULT_WORKERS = 12
+"""At most this many search processes when none are asked for (each holds jax, galois, numba)."""
+
+
+def default_workers() -> int:
+    """Search processes when none are asked for: the CPUs this process may use, less two (the
+    caller's JAX and the selection's compiles), at most `MAX_DEFAULT_WORKERS`; 1 (the search
+    in this process, no pool) on a machine of 3 CPUs or fewer."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this platform
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus - 2))
+
+
 def _ready() -> int:
     import fields  # noqa: F401  (galois, numba: imported before the first task, not in it)
     import mirage_jax.search.tasks  # noqa: F401
