@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mirage_jax.api import MirageJit, RegionDecision, TraceRecord, device_kind, has_gpu
+from mirage_jax.log import search_summary
 
 PROGRAM_LISTING_MAX_NODES = 60
 
@@ -116,6 +117,9 @@ def _region_lines(d: RegionDecision) -> list[str]:
     lines = ["", head]
     if d.cache_key:
         lines.append(f"  cache key {d.cache_key[:16]}")
+    searched = search_summary(d.timings)
+    if searched:
+        lines.append(f"  {searched}" if d.source == "search" else f"  when stored: {searched}")
     if d.mugraph is not None:
         lines.append("  µGraph:")
         lines.extend("    " + ln for ln in str(d.mugraph).splitlines())
