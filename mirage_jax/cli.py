@@ -340,12 +340,13 @@ def _cache_show(args: argparse.Namespace) -> int:
 def _cache_clear(args: argparse.Namespace) -> int:
     cache = _open(args)
     n = len(cache.entries())
+    entries = f"{n} entr{'y' if n == 1 else 'ies'}"
     if n and not args.yes:
         if not sys.stdin.isatty():
             raise CommandError(
-                f"cache clear would delete {n} entries from {cache.path}; pass --yes to confirm"
+                f"cache clear would delete {entries} from {cache.path}; pass --yes to confirm"
             )
-        answer = input(f"delete all {n} entries of {cache.path}? [y/N] ")
+        answer = input(f"delete {entries} of {cache.path}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 1

@@ -215,7 +215,8 @@ def test_cache_ls_show_export_import_clear(capsys, filled_cache, tmp_path):
     assert rc == 0 and "imported 1 entry" in out
     assert [e.key for e in Cache(other).entries()] == [key]
     rc, _, err = run(capsys, "cache", "clear", "--cache", path)  # no terminal: it asks for --yes
-    assert rc != 0 and "--yes" in err and len(Cache(path).entries()) == 1
+    assert rc != 0 and "would delete 1 entry from" in err and "--yes" in err
+    assert len(Cache(path).entries()) == 1
     rc, out, _ = run(capsys, "cache", "clear", "--yes", "--cache", path)
     assert rc == 0 and "cleared 1 entry" in out and Cache(path).entries() == []
     assert run(capsys, "cache", "path", "--cache", path)[1].strip() == path
@@ -253,3 +254,22 @@ def test_reproduce_help_names_no_internal_job_limit(capsys):
         main(["reproduce", "--help"])
     out = capsys.readouterr().out
     assert "--deadline-s" in out and "10-minute" not in out and "job limit" not in out
+
+
+def test_cache_clear_asks_at_a_terminal(capsys, filled_cache, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    path = str(filled_cache.path)
+    asked = []
+    monkeypatch.setattr("sys.stdin", Terminal())
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
+    rc, out, _ = run(capsys, "cache", "clear", "--cache", path)
+    assert rc == 1 and "nothing deleted" in out and len(Cache(path).entries()) == 1
+    assert asked == [f"delete 1 entry of {path}? [y/N] "]
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    rc, out, _ = run(capsys, "cache", "clear", "--cache", path)
+    assert rc == 0 and "cleared 1 entry" in out and Cache(path).entries() == []
