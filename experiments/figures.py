@@ -33,7 +33,7 @@ REPORTED: list[dict[str, str]] = [
         "source": "mirage issue #658",
     },
 ]
-"""The original's headline figures as reported (../shared/reference/MIRAGE.md §6), not measured."""
+"""The original's headline figures as reported (each with its source), not measured."""
 
 OURS_COLOR = "#1a73e8"
 IMPORTED_COLOR = "#9aa0a6"
@@ -302,7 +302,8 @@ def markdown(results: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "The original's µGraphs (`../shared/peer`, its `evaluation` branch, h100) are lowered "
+        "The original's µGraphs (github.com/mirage-project/mirage, its `evaluation` branch, "
+        "h100) are lowered "
         "through our backends and timed on their own program form (the original's: no "
         "eps, unscaled attention, QKNorm on Q and V) at the same shapes; LoRA and GatedMLP only "
         "at b=1, where the shapes agree.",

@@ -254,6 +254,7 @@ def test_reproduce_help_names_no_internal_job_limit(capsys):
         main(["reproduce", "--help"])
     out = capsys.readouterr().out
     assert "--deadline-s" in out and "10-minute" not in out and "job limit" not in out
+    assert "../shared" not in out and "mirage-project/mirage" in out  # --peer: how to get them
 
 
 def test_cache_clear_asks_at_a_terminal(capsys, filled_cache, monkeypatch):
