@@ -191,19 +191,23 @@ def _os_reason(e: OSError) -> str:
     return e.strerror or one_line(e)
 
 
+NEEDS_CLONE = (
+    "needs the repository's `experiments` package, which a wheel does not install: clone the "
+    "repository and install it with `pip install -e .`"
+)
+
+
 def _experiments(command: str, module: str) -> Any:
-    """`experiments.<module>` (the benchmarks and reproduction scripts, installed beside
-    `mirage_jax` from the repository), or a CommandError saying what is missing and how to get
-    it."""
+    """`experiments.<module>` (the benchmarks and reproduction scripts, in an editable install
+    of a clone), or a CommandError saying what is missing and how to get it."""
     import importlib
 
     try:
         return importlib.import_module(f"experiments.{module}")
-    except ImportError as e:
-        raise CommandError(
-            f"mirage-jax {command} needs the repository's `experiments` package ({e}); install "
-            "mirage-jax from its source tree (`pip install -e .` in a clone) to get it"
-        ) from e
+    except ModuleNotFoundError as e:
+        if e.name not in ("experiments", f"experiments.{module}"):
+            raise  # a dependency of the module is missing: its own message says which
+        raise CommandError(f"{NEEDS_CLONE} ({e})") from e
 
 
 # ---------------------------------------------------------------------- bench
@@ -395,7 +399,9 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _add_reproduce_args(p: argparse.ArgumentParser) -> None:
     try:
         from experiments.reproduce import add_arguments
-    except Exception:  # the help text must never fail
+    except Exception:  # the help text must never fail: without the clone, any arguments
+        p.description = f"{p.description} This command {NEEDS_CLONE}."
+        p.set_defaults(any_arguments=True)  # reach _reproduce, which says what is missing
         return
     add_arguments(p)
 
@@ -622,7 +628,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (2 for a bad command line, 1 otherwise); $MIRAGE_JAX_TRACEBACK=1 shows the traceback of
     an unexpected one."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
