@@ -96,3 +96,12 @@ def test_without_the_clone_the_commands_that_need_it_say_so(capsys, monkeypatch)
     assert "pip install -e ." in " ".join(capsys.readouterr().out.split())
     with pytest.raises(ModuleNotFoundError, match="pip install -e"):
         zoo.model_jobs(["sdpa"])
+
+
+def test_notebook_05_plots_the_h100_runs_the_readme_quotes():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    quoted = set(re.findall(r"results/real_models_h100_2026-11-(\d\d\w)\.md\)", readme))
+    notebook = (ROOT / "notebooks" / "05_real_models.ipynb").read_text()
+    assert quoted and all(f'\\"{run}\\"' in notebook for run in quoted), quoted
