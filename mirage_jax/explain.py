@@ -61,6 +61,12 @@ class Explanation:
     def __str__(self) -> str:
         return self.text()
 
+    def __repr__(self) -> str:  # a notebook's text/plain: one line, not the whole record
+        return (
+            f"<Explanation of {self.record.name}: {len(self.kernels())} of "
+            f"{len(self.decisions)} region(s) as fused kernels; print() it for the report>"
+        )
+
     def text(self, listing: bool | None = None) -> str:
         """The text report; `listing` forces (or suppresses) the captured Program's listing."""
         r = self.record
