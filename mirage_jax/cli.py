@@ -118,12 +118,13 @@ def _optimize_many(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except RayUnavailable as e:
         raise CommandError(one_line(e, 1000)) from e
-    print(report.text())
+    print(_flags(report.text()))
     print(f"# cache {cache.path}")
     if report.failed:
         return 1
     if report.plan.backend is None and report.results:
-        print(f"mirage-jax optimize: nothing was optimised: {report.plan.why_not}", file=sys.stderr)
+        why = _flags(report.plan.why_not)
+        print(f"mirage-jax optimize: nothing was optimised: {why}", file=sys.stderr)
         return 1
     return 0
 

@@ -249,6 +249,14 @@ def test_cli_hints_name_the_flag_not_the_python_keyword(capsys, tmp_path):
     assert "--backend pallas-interpret" in out and "backend='" not in out + err
 
 
+def test_optimize_models_on_a_cpu_names_the_flag(capsys, tmp_path, quiet_mirage):
+    """Issue 17: `optimize --models` printed `backend='pallas-interpret'` in its table."""
+    rc, out, err = run(capsys, "optimize", "--models", "sdpa", "-b", "1", "--quiet",
+                       "--cache", str(tmp_path / "c.sqlite"))  # fmt: skip
+    assert rc == 1 and "nothing was optimised: no GPU" in err
+    assert "--backend pallas-interpret" in out + err and "backend='" not in out + err
+
+
 def test_reproduce_help_names_no_internal_job_limit(capsys):
     with pytest.raises(SystemExit):
         main(["reproduce", "--help"])
