@@ -69,10 +69,10 @@ def search_summary(t: Mapping[str, Any] | None) -> str:
     t = t or {}
     if not isinstance(t.get("search_s"), (int, float)):
         return ""
-    stop = STOPS.get(str(t.get("stop")), str(t.get("stop") or "stop reason not recorded"))
-    line = f"search: {t['search_s']:.1f} s, {stop}" + (
-        f": {t['search']}" if t.get("search") else ""
-    )
+    line = f"search: {t['search_s']:.1f} s"
+    if t.get("stop"):  # entries stored before it was recorded have none
+        line += f", {STOPS.get(str(t['stop']), str(t['stop']))}"
+    line += f": {t['search']}" if t.get("search") else ""
     if isinstance(t.get("candidates"), int):
         n, timed = t["candidates"], t.get("timed") or 0
         no_gpu = " (no GPU)" if t.get("device") == "cpu" else ""

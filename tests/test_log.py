@@ -53,6 +53,8 @@ def test_info_gives_the_search_stop_reason_candidates_and_times(caplog, tmp_path
     text = str(mirage_jax.explain(fast, x, w))
     assert "\n  when stored: search: " in text, text  # a cache hit: the search was earlier
     assert log.search_summary({"xla_us": 3.0}) == ""
+    older = {"search_s": 0.5, "search": "12 verified µGraph(s)"}  # stored without "stop"
+    assert log.search_summary(older) == "search: 0.5 s: 12 verified µGraph(s)"
     timed = {"search_s": 9.0, "stop": "time", "candidates": 4, "timed": 4, "select_s": 2.0}
     assert log.search_summary(timed) == (
         "search: 9.0 s, the time budget ran out; selection: 2.0 s, 4 candidates checked, "
