@@ -1,4 +1,4 @@
-"""The paper's benchmark programs (BENCHMARKS.md) as plain JAX functions, with inputs and floors.
+"""The paper's benchmark programs as plain JAX functions, with inputs and floors.
 
 Each `Benchmark` is one program at one batch size: a plain JAX function of positional arrays,
 its input specs (fp16), a float64 numpy reference, and the floor in bytes (inputs read once,
@@ -6,7 +6,7 @@ output written once). Programs are written once and are shape-agnostic; shapes c
 per-workload rule over a dims dict, so full and reduced (`small()`) shapes share one definition.
 
 Two forms per workload:
-- form "ours": the program of BENCHMARKS.md (eps = 1e-6, QKNorm on Q and K with 0.125 scaling,
+- form "ours": the program as this project states it (eps = 1e-6, QKNorm on Q and K with 0.125 scaling,
   LoRA and GatedMLP rows scaling with b), plus the attention variants `gqa_scaled`, `gqa_stable`.
 - form "mirage" (`<workload>_mirage`): what the original's saved µGraphs compute, at the shapes of
   their checkpoints (`CHECKPOINT_FILES`), so imported µGraphs compare directly. Its rms_norm has
@@ -226,7 +226,7 @@ class Benchmark:
         reference: pure-numpy float64 function of the same positional inputs.
         floor_bytes: each input read once plus the output written once, at the benchmark dtype.
         notes: where shapes or forms differ from the original, and why.
-        form: "ours" (BENCHMARKS.md) or "mirage" (the original system's own form).
+        form: "ours" (this project's statement) or "mirage" (the original system's own form).
         workload: the base workload, e.g. "gqa" for "gqa_scaled".
         dims: the named sizes the shapes are built from.
         output: the output spec.

@@ -1,6 +1,7 @@
 """Import every Mirage checkpoint µGraph and verify it against its benchmark program.
 
-For each file under ../shared/peer/mirage_mugraphs/{a100,h100}/ the script imports every
+For each file of the original's checkpoints (`experiments.peer`: a clone of the evaluation branch
+of https://github.com/mirage-project/mirage, or `--peer DIR` with {a100,h100}/) it imports every
 µGraph (`mirage_jax.mugraph.load_mirage_checkpoint`), maps the file to its benchmark in the
 original's own form (`<workload>_mirage` in experiments/benchmarks.py, resized to the µGraph's
 input shapes where a file was saved at other shapes), and checks each distinct µGraph (by
@@ -25,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # python experiments/X.py: see experiments/_path.py
     import _path  # noqa: F401
 
-PEER = ROOT.parent / "shared" / "peer" / "mirage_mugraphs"
 RESULTS = ROOT / "experiments" / "results"
 FP16_TOL = 2e-2  # max |out - ref| / max |ref| for fp16 evaluation
 
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
         default="bs1",
         help="full-size checks: none, the first µGraph of each batch-1 file, or of every file",
     )
-    ap.add_argument("--peer", type=Path, default=PEER)
+    ap.add_argument("--peer", type=Path, help="the checkpoints (default: $MIRAGE_PEER_DIR)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json")
     args = ap.parse_args(argv)
@@ -205,6 +205,11 @@ def main(argv=None) -> int:
     from mirage_jax.mugraph import load_mirage_checkpoint
 
     start = time.perf_counter()
+    from experiments import peer
+
+    args.peer = peer.find(args.peer)
+    if args.peer is None:
+        raise SystemExit(f"import_mirage: {peer.HOW_TO_GET}")
     files = sorted(args.peer.glob("*/*.json"))
     rows, jobs, owners = [], {}, defaultdict(set)
     for path in files:

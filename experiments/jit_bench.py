@@ -4,7 +4,7 @@ For each benchmark of `experiments/benchmarks.py` this resolves the program's re
 the decorator does (the cache; `--search auto` searches on a miss; `--from-checkpoints DIR`
 first seeds the cache for the `*_mirage` forms with the original system's µGraphs, each
 verified over the finite field, lowered and timed, the fastest kept if it beats XLA). Then it
-times, with `mirage_jax.profile.time_device` (the chained method of BENCHMARKS.md):
+times, with `mirage_jax.profile.time_device` (the chained method of `mirage_jax/profile.py`):
 
 - `jax.jit(fn)`;
 - `mirage_jax.jit(fn, search="cached")`: the assembled function users run;
@@ -16,7 +16,7 @@ Writes `experiments/results/jit_bench.json` (or `--out`). Needs a GPU for device
 CPU it runs with `--backend pallas-interpret` and reports CPU wall times, labelled as such.
 
     python -m experiments.jit_bench rmsnorm_mirage gated_mlp_mirage --from-checkpoints \\
-        ../shared/peer/mirage_mugraphs
+        /tmp/mirage    # a clone of the original's evaluation branch: experiments/peer.py
 """
 
 from __future__ import annotations
@@ -117,8 +117,13 @@ def bench_one(
 
     row: dict[str, Any] = {"benchmark": bench.key, "dtype": str(bench.dtype)}
     if args.from_checkpoints:
+        from experiments import peer
+
+        found = peer.find(args.from_checkpoints)
+        if found is None:
+            raise SystemExit(f"jit_bench: nothing at {args.from_checkpoints}; {peer.HOW_TO_GET}")
         row["seeded"] = seed_from_checkpoints(
-            bench, Path(args.from_checkpoints), cache, args.backend, args.max_candidates,
+            bench, found, cache, args.backend, args.max_candidates,
             args.chain, args.repeats,
         )  # fmt: skip
     if args.search == "auto":

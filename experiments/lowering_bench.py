@@ -1,6 +1,6 @@
 """Lower every imported Mirage µGraph with both backends, check it, and time the best on the GPU.
 
-For each checkpoint file under ../shared/peer/mirage_mugraphs/<device>/ (the original's µGraphs,
+For each checkpoint file of `--device-dir` (the original's µGraphs, found by `experiments.peer`,
 imported with `mirage_jax.mugraph.load_mirage_checkpoint`):
 1. check: every distinct µGraph is lowered with each backend (`mirage_jax.lower.lower`), run on
    random inputs (`Benchmark.make_inputs`) and compared with the benchmark's float64 reference
@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # python experiments/X.py: see experiments/_path.py
     import _path  # noqa: F401
 
-PEER = ROOT.parent / "shared" / "peer" / "mirage_mugraphs"
 RESULTS = ROOT / "experiments" / "results"
 TOL = 1e-2
 BACKENDS = ("pallas", "triton")
@@ -431,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="CPU rehearsal (see module doc)")
     p.add_argument("--device-dir", default="h100", help="checkpoint subfolder (h100 or a100)")
-    p.add_argument("--peer", type=Path, default=PEER)
+    p.add_argument("--peer", type=Path, help="the checkpoints (default: $MIRAGE_PEER_DIR)")
     p.add_argument("--files", nargs="*", help="checkpoint stems to include (default: all)")
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--workers", type=int, default=1)
@@ -453,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
 
     interpret = jax.default_backend() == "cpu"
     backends = tuple(b for b in args.backends.split(",") if b)
+    from experiments import peer
+
+    args.peer = peer.find(args.peer)
+    if args.peer is None:
+        raise SystemExit(f"lowering_bench: {peer.HOW_TO_GET}")
     folder = args.peer / args.device_dir
     files = sorted(folder.glob("*.json"))
     if args.files:

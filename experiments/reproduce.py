@@ -51,7 +51,6 @@ from experiments.errors import max_rel_error  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 QUICK_OUT = ROOT / "build" / "reproduce-quick"
-PEER_DIRS = (ROOT / "build" / "peer", ROOT.parent / "shared" / "peer" / "mirage_mugraphs")
 FP16_TOL = 2e-2
 """Largest max|out − ref| / max|ref| accepted for an fp16 contender against float64."""
 SCHEMA = 1
@@ -136,13 +135,10 @@ def versions() -> dict[str, Any]:
 
 
 def find_peer(peer: str | Path | None) -> Path | None:
-    """The folder holding `h100/*.json` (accepts it or its parent `peer/`), or None."""
-    candidates = [Path(peer)] if peer else list(PEER_DIRS)
-    for p in candidates:
-        for d in (p, p / "mirage_mugraphs"):
-            if (d / "h100").is_dir():
-                return d
-    return None
+    """The folder holding `h100/*.json` (`experiments.peer.find`), or None."""
+    from experiments import peer as peer_mod
+
+    return peer_mod.find(peer)
 
 
 def newest(directory: Path, pattern: str) -> Path | None:
@@ -338,7 +334,7 @@ def _imported_plan(bm: Any, args: argparse.Namespace) -> dict[str, Any]:
         rows = {"lora": 16, "gated_mlp": 8}[bm.workload]
         return {"status": f"not comparable: the original fixes X at {rows} rows at every batch"}
     if peer is None:
-        return {"status": "peer folder not found (pass --peer)"}
+        return {"status": "the original's checkpoints were not found (pass --peer)"}
     mbm = B.get(f"{bm.workload}_mirage", bm.batch)
     rel = f"h100/{mbm.checkpoint}"
     if not (peer / rel).exists():
@@ -1197,8 +1193,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--peer",
         metavar="DIR",
-        help="the original's checkpoints (a folder with "
-        "h100/*.json); default build/peer or ../shared/peer/mirage_mugraphs",
+        help="the original's µGraph checkpoints: a clone of the evaluation branch of "
+        "github.com/mirage-project/mirage, or a folder with h100/*.json (default: "
+        "$MIRAGE_PEER_DIR, else build/peer)",
     )
     p.add_argument(
         "--budget-s", type=float, help="search budget per region, s (default 120; --quick: 10)"

@@ -178,14 +178,25 @@ class Partition:
             f"{len(self.residual)} residual op(s)"
         ]
         for r in self.regions:
-            counts = r.program.op_counts()
-            ops = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()) if k != "constant")
-            consts = counts.get("constant", 0)
-            copied = f", {consts} constant(s) copied in" if consts else ""
+            own: dict[str, int] = {}
+            for i in r.nodes:
+                own[_node_label(p.nodes[i])] = own.get(_node_label(p.nodes[i]), 0) + 1
+            searched = r.program.op_counts()
+            consts = searched.pop("constant", 0)
+            copied = f" and {consts} constant(s) copied in" if consts else ""
             lines.append(
-                f"  region {r.index}: {len(r.nodes)} ops ({ops}{copied}); "
+                f"  region {r.index}: {len(r.nodes)} ops ({_counts(own)}){copied}; "
                 f"{len(r.inputs)} in, {len(r.outputs)} out{' (trivial)' if r.is_trivial else ''}"
             )
+            if searched != own:  # lax_ir.layouts moved layout steps to the region's edges
+                n = sum(searched.values())
+                moved = len(r.nodes) - n
+                why = (
+                    f"; the other {moved} are layout steps at its edges"
+                    if moved > 0 and r.program.meta.get("interface")
+                    else ""
+                )
+                lines.append(f"    as searched: {n} ops ({_counts(searched)}){why}")
             for nid, why in r.neighbours:
                 lines.append(f"    bounded by %{nid} {_node_label(p.nodes[nid])}: {why}")
         for nid in self.residual:
@@ -195,6 +206,10 @@ class Partition:
         return "\n".join(lines)
 
     __str__ = explain
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()))
 
 
 def _node_label(n: Node) -> str:

@@ -38,8 +38,7 @@ from mirage_jax.assemble import assemble
 from mirage_jax.cache import Cache, lib_version, make_key
 from mirage_jax.function_check import FUNCTION_CHECK, FunctionCheck, best_subset, kernels_key
 from mirage_jax.function_check import measure as measure_function
-from mirage_jax.log import logger
-from mirage_jax.log import times as log_times
+from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
@@ -259,9 +258,7 @@ class MirageJit:
                     run = lax_ir.as_function(program, asm.fn)
                 decisions = self._demote(part, decisions, reasons)
         for d in decisions:
-            logger.info(
-                "%s region %d: %s: %s%s", name, d.index, d.status, d.reason, log_times(d.timings)
-            )
+            logger.info("%s", region_line(name, d))
         if check is not None:
             logger.info("%s: %s", name, check.reason)
         self._record(

@@ -18,12 +18,21 @@ from mirage_jax.cli_args import (
     UsageError,
     at_least_one,
     function_and_args,
-    key_prefix,
     one_line,
+    os_reason,
     positive_seconds,
     static_argnums,
 )
 from mirage_jax.cli_args import parse_arg as parse_arg  # the tests' import
+from mirage_jax.cli_cache import (
+    cache_clear,
+    cache_export,
+    cache_import,
+    cache_ls,
+    cache_path,
+    cache_show,
+    open_cache,
+)
 from mirage_jax.lower import backends
 
 TRACEBACK_VAR = "MIRAGE_JAX_TRACEBACK"
@@ -54,7 +63,7 @@ def _optimize(args: argparse.Namespace) -> int:
     if args.target is None:
         raise UsageError("give MODULE:FUNCTION (with --arg specs), or --models NAMES")
     fn, values = function_and_args(args.target, args.arg or [])
-    cache = _open(args)
+    cache = open_cache(args)
     cache.check_writable()  # before the search: its results would be lost
     record = mirage_jax.superoptimize(
         fn,
@@ -110,7 +119,7 @@ def _optimize_many(args: argparse.Namespace) -> int:
             jobs += zoo.model_jobs(names, tuple(args.batch or (1, 8)), args.size)
         except (KeyError, ValueError) as e:
             raise UsageError(one_line(e.args[0] if e.args else e)) from None
-    cache = _open(args)
+    cache = open_cache(args)
     cache.check_writable()  # before the search: its results would be lost
     try:
         report = zoo.optimize_many(
@@ -119,12 +128,13 @@ def _optimize_many(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except RayUnavailable as e:
         raise CommandError(one_line(e, 1000)) from e
-    print(report.text())
+    print(_flags(report.text()))
     print(f"# cache {cache.path}")
     if report.failed:
         return 1
     if report.plan.backend is None and report.results:
-        print(f"mirage-jax optimize: nothing was optimised: {report.plan.why_not}", file=sys.stderr)
+        why = _flags(report.plan.why_not)
+        print(f"mirage-jax optimize: nothing was optimised: {why}", file=sys.stderr)
         return 1
     return 0
 
@@ -139,13 +149,13 @@ def _explain(args: argparse.Namespace) -> int:
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise CommandError(f"cannot create the picture directory {out}: {_os_reason(e)}") from e
+            raise CommandError(f"cannot create the picture directory {out}: {os_reason(e)}") from e
     jitted = mirage_jax.jit(
         fn,
         backend=args.backend,
         search=args.search,
         budget_s=args.budget_s,
-        cache=_open(args),
+        cache=open_cache(args),
         workers=args.workers,
         static_argnums=static_argnums(values) or None,
     )
@@ -174,7 +184,7 @@ def _write_pictures(expl: Any, out: Path) -> None:
         try:
             path.write_text(svg, encoding="utf-8")
         except OSError as e:
-            raise CommandError(f"cannot write {path}: {_os_reason(e)}") from e
+            raise CommandError(f"cannot write {path}: {os_reason(e)}") from e
         print(f"wrote {path}")
 
 
@@ -188,23 +198,23 @@ def _why_no_picture(expl: Any) -> str:
     return one_line(f"no region has a µGraph, all run as XLA ({reasons})", 1000)
 
 
-def _os_reason(e: OSError) -> str:
-    return e.strerror or one_line(e)
+NEEDS_CLONE = (
+    "needs the repository's `experiments` package, which a wheel does not install: clone the "
+    "repository and install it with `pip install -e .`"
+)
 
 
 def _experiments(command: str, module: str) -> Any:
-    """`experiments.<module>` (the benchmarks and reproduction scripts, installed beside
-    `mirage_jax` from the repository), or a CommandError saying what is missing and how to get
-    it."""
+    """`experiments.<module>` (the benchmarks and reproduction scripts, in an editable install
+    of a clone), or a CommandError saying what is missing and how to get it."""
     import importlib
 
     try:
         return importlib.import_module(f"experiments.{module}")
-    except ImportError as e:
-        raise CommandError(
-            f"mirage-jax {command} needs the repository's `experiments` package ({e}); install "
-            "mirage-jax from its source tree (`pip install -e .` in a clone) to get it"
-        ) from e
+    except ModuleNotFoundError as e:
+        if e.name not in ("experiments", f"experiments.{module}"):
+            raise  # a dependency of the module is missing: its own message says which
+        raise CommandError(f"{NEEDS_CLONE} ({e})") from e
 
 
 # ---------------------------------------------------------------------- bench
@@ -268,124 +278,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------- cache
-def _open(args: argparse.Namespace) -> Any:
-    from mirage_jax.cache import Cache
-
-    return Cache(args.cache)
-
-
-def _cache_ls(args: argparse.Namespace) -> int:
-    cache = _open(args)
-    prefix = key_prefix(args.prefix) if args.prefix is not None else None
-    entries = cache.entries(prefix=prefix)
-    print(f"# {cache.path}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
-    if entries:
-        print(
-            f"{'key':16}  {'region':12}  {'kind':7}  {'backend':16}  {'bound':8}  {'speedup':7}  "
-            f"{'origin':7}  {'device':24}  from"
-        )
-    for e in entries:
-        v = e.verification.get("verdict") or {}
-        t = e.timings
-        try:
-            speedup = f"{float(t['xla_us']) / float(t['mugraph_us']):.2f}x"
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            speedup = "-"
-        bound = f"{float(v['bound']):.0e}" if "bound" in v else "-"
-        kind = "xla" if e.is_xla else "µgraph"
-        print(
-            f"{e.key[:16]}  {e.region_hash[:12]}  {kind:7}  {e.backend:16}  {bound:8}  "
-            f"{speedup:7}  {e.origin:7}  {e.device_kind:24}  {t.get('from', '-')}"
-        )
-    return 0
-
-
-def _cache_show(args: argparse.Namespace) -> int:
-    import json
-    import time
-
-    key = key_prefix(args.key)
-    cache = _open(args)
-    try:
-        e = cache.get_raw(key)
-    except KeyError as err:
-        raise UsageError(f"{err.args[0]}; give a longer prefix") from None
-    if e is None:
-        raise UsageError(f"no entry {args.key!r} in {cache.path} (see mirage-jax cache ls)")
-    print(f"key:          {e.key}")
-    print(f"region hash:  {e.region_hash}")
-    print(f"device kind:  {e.device_kind}")
-    print(f"backend:      {e.backend}")
-    print(f"library:      {e.lib_version}")
-    print(f"origin:       {e.origin}")
-    print(f"options:      {json.dumps(e.options, sort_keys=True)}")
-    print(f"created:      {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e.created_at))}")
-    print(f"timings:      {json.dumps(e.timings, sort_keys=True) if e.timings else '-'}")
-    if e.is_xla:
-        print(f"choice:       XLA ({e.timings.get('reason') or 'the reason was not stored'})")
-        return 0
-    print(f"verification: {json.dumps(e.verification, sort_keys=True)}")
-    try:
-        from mirage_jax.cache import mugraph_from_json
-
-        print("µGraph:")
-        print(
-            "\n".join("  " + ln for ln in str(mugraph_from_json(e.mugraph_json or "")).split("\n"))
-        )
-    except Exception as err:
-        print(f"µGraph: does not load ({type(err).__name__}: {err})")
-    return 0
-
-
-def _cache_clear(args: argparse.Namespace) -> int:
-    cache = _open(args)
-    n = len(cache.entries())
-    if n and not args.yes:
-        if not sys.stdin.isatty():
-            raise CommandError(
-                f"cache clear would delete {n} entries from {cache.path}; pass --yes to confirm"
-            )
-        answer = input(f"delete all {n} entries of {cache.path}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing deleted")
-            return 1
-    n = cache.clear()
-    print(f"cleared {n} entr{'y' if n == 1 else 'ies'} from {cache.path}")
-    return 0
-
-
-def _cache_export(args: argparse.Namespace) -> int:
-    cache = _open(args)
-    try:
-        n = cache.export(args.path)
-    except OSError as e:
-        raise CommandError(f"cannot write {args.path}: {_os_reason(e)}") from e
-    print(f"exported {n} entr{'y' if n == 1 else 'ies'} from {cache.path} to {args.path}")
-    return 0
-
-
-def _cache_import(args: argparse.Namespace) -> int:
-    cache = _open(args)
-    try:
-        report = cache.import_(args.path)
-    except OSError as e:
-        raise CommandError(f"cannot read {args.path}: {_os_reason(e)}") from e
-    for lineno, reason in report.rejected:
-        print(f"{args.path}:{lineno}: rejected: {one_line(reason)}", file=sys.stderr)
-    n, bad = report.imported, len(report.rejected)
-    rejected = f"; rejected {bad} line{'' if bad == 1 else 's'}" if bad else ""
-    print(
-        f"imported {n} entr{'y' if n == 1 else 'ies'} from {args.path} into {cache.path}" + rejected
-    )
-    return 1 if bad else 0
-
-
-def _cache_path(args: argparse.Namespace) -> int:
-    print(_open(args).path)
-    return 0
-
-
 # ---------------------------------------------------------------------- reproduce
 def _reproduce(args: argparse.Namespace) -> int:
     reproduce = _experiments("reproduce", "reproduce")
@@ -395,7 +287,9 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _add_reproduce_args(p: argparse.ArgumentParser) -> None:
     try:
         from experiments.reproduce import add_arguments
-    except Exception:  # the help text must never fail
+    except Exception:  # the help text must never fail: without the clone, any arguments
+        p.description = f"{p.description} This command {NEEDS_CLONE}."
+        p.set_defaults(any_arguments=True)  # reach _reproduce, which says what is missing
         return
     add_arguments(p)
 
@@ -573,13 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
             "ls",
             "list the entries (key, region, µGraph or XLA, bound, speedup, the function and "
             "shapes it came from)",
-            _cache_ls,
+            cache_ls,
         ),
-        ("show", "print one entry: fields, verification record, timings, µGraph", _cache_show),
-        ("clear", "delete every entry", _cache_clear),
-        ("export", "write every entry to a JSON-lines file", _cache_export),
-        ("import", "read entries from a JSON-lines file written by export", _cache_import),
-        ("path", "print the database path", _cache_path),
+        ("show", "print one entry: fields, verification record, timings, µGraph", cache_show),
+        ("clear", "delete every entry", cache_clear),
+        ("export", "write every entry to a JSON-lines file", cache_export),
+        ("import", "read entries from a JSON-lines file written by export", cache_import),
+        ("path", "print the database path", cache_path),
     ]
     for name, text, func in actions:
         p = csub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
@@ -625,7 +519,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (2 for a bad command line, 1 otherwise); $MIRAGE_JAX_TRACEBACK=1 shows the traceback of
     an unexpected one."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -183,6 +183,11 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def os_reason(e: OSError) -> str:
+    """An OSError's reason without its errno and path ("Permission denied")."""
+    return e.strerror or one_line(e)
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (and name --help) instead of the usage."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mirage_jax.api import MirageJit, RegionDecision, TraceRecord, device_kind, has_gpu
+from mirage_jax.log import search_summary
 
 PROGRAM_LISTING_MAX_NODES = 60
 
@@ -59,6 +60,12 @@ class Explanation:
 
     def __str__(self) -> str:
         return self.text()
+
+    def __repr__(self) -> str:  # a notebook's text/plain: one line, not the whole record
+        return (
+            f"<Explanation of {self.record.name}: {len(self.kernels())} of "
+            f"{len(self.decisions)} region(s) as fused kernels; print() it for the report>"
+        )
 
     def text(self, listing: bool | None = None) -> str:
         """The text report; `listing` forces (or suppresses) the captured Program's listing."""
@@ -116,6 +123,9 @@ def _region_lines(d: RegionDecision) -> list[str]:
     lines = ["", head]
     if d.cache_key:
         lines.append(f"  cache key {d.cache_key[:16]}")
+    searched = search_summary(d.timings)
+    if searched:
+        lines.append(f"  {searched}" if d.source == "search" else f"  when stored: {searched}")
     if d.mugraph is not None:
         lines.append("  µGraph:")
         lines.extend("    " + ln for ln in str(d.mugraph).splitlines())

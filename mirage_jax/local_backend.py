@@ -119,14 +119,9 @@ class LocalExecutor:
 def _spawn_pool(
     workers: int, initializer: Callable[..., Any] | None = None, initargs: tuple = ()
 ) -> cf.ProcessPoolExecutor:
-    import multiprocessing
+    from mirage_jax.search.workers import spawn_pool
 
-    return cf.ProcessPoolExecutor(
-        workers,
-        mp_context=multiprocessing.get_context("spawn"),  # no fork of a process using jax
-        initializer=initializer,
-        initargs=initargs,
-    )
+    return spawn_pool(workers, initializer, initargs)  # its workers exit with this process
 
 
 def _pin_gpu(index: int) -> None:

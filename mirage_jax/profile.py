@@ -1,4 +1,4 @@
-"""Device-time measurement: the chained method of BENCHMARKS.md ("How to time").
+"""Device-time measurement: the chained method and the profiler-trace method.
 
 One jitted program calls the operation N times in a chain and is timed against the same program
 with one call; (t(N+1) − t(1)) / N is the per-call device time, free of the ~37 µs of Python
@@ -10,7 +10,7 @@ that the chain's working set exceeds the L2 cache, so small problems are not tim
 Warm-up first; each repeat times both programs back to back; the result is the median and
 spread over repeats. On a CPU it runs the same way for tests, labelled as not device time.
 
-The second method of BENCHMARKS.md, `time_trace`, runs the operation `calls` times under
+The second method, `time_trace` (the results tables' clock), runs the operation `calls` times under
 `jax.profiler.trace` and sums, per call, the durations of the kernels the GPU ran (the XSpace's
 "/device:GPU:N" plane, its stream lines). It counts no launch gap, so it reads lower than the
 chained method wherever kernels are shorter than the host needs to launch them; the difference

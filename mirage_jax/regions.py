@@ -129,9 +129,10 @@ def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
         )
     except search_mod.SearchError as e:
         return SearchOutcome(None, None, None, {}, f"outside the search's fragment: {e}")
+    searched = {"stop": result.stop_reason, "search_s": round(time.perf_counter() - t0, 2)}
     if not result.mugraphs:
-        return SearchOutcome(None, None, None, {}, result.message or result.stop_reason)
-    result.stats["search_s"] = round(time.perf_counter() - t0, 2)
+        return SearchOutcome(None, None, None, searched, result.message or result.stop_reason)
+    result.stats["search_s"] = searched["search_s"]
     return result
 
 
@@ -169,9 +170,12 @@ def select_searched(
     t = {
         "device": device_kind(),
         "search": result.message,
+        "stop": result.stop_reason,
         "search_s": result.stats.get("search_s"),
         "select_s": round(time.perf_counter() - t0, 2),
         "select_phases_s": {k: round(v, 2) for k, v in sel.extra.get("phases", {}).items()},
+        "candidates": len(sel.contenders[1:]),  # µGraphs lowered and checked (XLA is [0])
+        "timed": sum(c.us is not None for c in sel.contenders[1:]),
     }
     if timed and sel.passed:
         t |= {"xla_us": sel.xla_us, "mugraph_us": sel.fastest_us, "method": sel.method}

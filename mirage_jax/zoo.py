@@ -53,8 +53,18 @@ def model_jobs(
     names: Sequence[str] | None = None, batches: Sequence[int] = (1, 8), size: str = "tiny"
 ) -> list[Job]:
     """The real-model set of `experiments.models` (all models when `names` is None or
-    contains "all") at each of `batches`, as jobs on abstract arguments."""
-    from experiments import models
+    contains "all") at each of `batches`, as jobs on abstract arguments. The set is the
+    repository's: it needs an editable install of a clone (`pip install -e .`)."""
+    try:
+        from experiments import models
+    except ModuleNotFoundError as e:
+        if e.name != "experiments":
+            raise
+        raise ModuleNotFoundError(
+            "mirage_jax.zoo.model_jobs needs the repository's `experiments` package, which a "
+            "wheel does not install: clone the repository and `pip install -e .` in it",
+            name=e.name,
+        ) from e
 
     chosen = models.names() if not names or "all" in names else list(names)
     out = []

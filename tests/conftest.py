@@ -1,4 +1,5 @@
-"""Shared test configuration: GPU tests run only where jax sees a GPU; ../shared is optional."""
+"""Shared test configuration: GPU tests run only where jax sees a GPU; the original's
+checkpoints are optional (`experiments.peer`)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,6 @@ import pathlib
 
 import jax
 import pytest
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-# ../shared beside the checkout, or a copy inside it (how the data travels to the GPU machine)
-SHARED = next(
-    (p for p in (REPO.parent / "shared", REPO / "shared") if p.is_dir()), REPO.parent / "shared"
-)
-PEER = SHARED / "peer" / "mirage_mugraphs"
 
 
 def has_gpu() -> bool:
@@ -33,10 +27,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def peer_dir() -> pathlib.Path:
-    """The original system's checkpoints; skips where ../shared is absent (a fresh clone)."""
-    if not PEER.is_dir():
-        pytest.skip("../shared/peer/mirage_mugraphs is not present")
-    return PEER
+    """The original system's checkpoints (`experiments.peer`); skips, saying how to get them,
+    where they are absent (a fresh clone)."""
+    from experiments import peer
+
+    found = peer.find()
+    if found is None:
+        pytest.skip(peer.HOW_TO_GET)
+    return found
 
 
 @pytest.fixture

@@ -509,6 +509,9 @@ def test_explain_reports_regions_mugraphs_and_bounds(tmp_path):
     text = str(mirage_jax.explain(f, *specs))
     assert "1 of 1 region(s) run as fused kernels" in text
     assert "rms_norm" in text and "false-accept bound" in text
+    assert repr(mirage_jax.explain(f, *specs)) == (  # a notebook's text/plain (issue 17)
+        "<Explanation of rmsnorm: 1 of 1 region(s) as fused kernels; print() it for the report>"
+    )
     params, x, pad = block_inputs()
     expl = mirage_jax.explain(transformer_block, params, x, pad, cache=cache)
     text = str(expl)

@@ -220,7 +220,8 @@ def test_cache_ls_show_export_import_clear(capsys, filled_cache, tmp_path):
     assert rc == 0 and "imported 1 entry" in out
     assert [e.key for e in Cache(other).entries()] == [key]
     rc, _, err = run(capsys, "cache", "clear", "--cache", path)  # no terminal: it asks for --yes
-    assert rc != 0 and "--yes" in err and len(Cache(path).entries()) == 1
+    assert rc != 0 and "would delete 1 entry from" in err and "--yes" in err
+    assert len(Cache(path).entries()) == 1
     rc, out, _ = run(capsys, "cache", "clear", "--yes", "--cache", path)
     assert rc == 0 and "cleared 1 entry" in out and Cache(path).entries() == []
     assert run(capsys, "cache", "path", "--cache", path)[1].strip() == path
@@ -253,8 +254,36 @@ def test_cli_hints_name_the_flag_not_the_python_keyword(capsys, tmp_path):
     assert "--backend pallas-interpret" in out and "backend='" not in out + err
 
 
+def test_optimize_models_on_a_cpu_names_the_flag(capsys, tmp_path, quiet_mirage):
+    """Issue 17: `optimize --models` printed `backend='pallas-interpret'` in its table."""
+    rc, out, err = run(capsys, "optimize", "--models", "sdpa", "-b", "1", "--quiet",
+                       "--cache", str(tmp_path / "c.sqlite"))  # fmt: skip
+    assert rc == 1 and "nothing was optimised: no GPU" in err
+    assert "--backend pallas-interpret" in out + err and "backend='" not in out + err
+
+
 def test_reproduce_help_names_no_internal_job_limit(capsys):
     with pytest.raises(SystemExit):
         main(["reproduce", "--help"])
     out = capsys.readouterr().out
     assert "--deadline-s" in out and "10-minute" not in out and "job limit" not in out
+    assert "../shared" not in out and "mirage-project/mirage" in out  # --peer: how to get them
+
+
+def test_cache_clear_asks_at_a_terminal(capsys, filled_cache, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    path = str(filled_cache.path)
+    asked = []
+    monkeypatch.setattr("sys.stdin", Terminal())
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
+    rc, out, _ = run(capsys, "cache", "clear", "--cache", path)
+    assert rc == 1 and "nothing deleted" in out and len(Cache(path).entries()) == 1
+    assert asked == [f"delete 1 entry of {path}? [y/N] "]
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    rc, out, _ = run(capsys, "cache", "clear", "--cache", path)
+    assert rc == 0 and "cleared 1 entry" in out and Cache(path).entries() == []

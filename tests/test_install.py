@@ -66,3 +66,42 @@ def test_the_main_jobs_output_explains_itself(capsys, tmp_path):
     assert "10 ops (" in out and "2 constant(s) copied in" in out
     assert "first call (capture, cache lookup, search on a miss, lowering):" in out
     assert "kernel cache:" in out
+
+
+def test_a_wheel_installs_the_projects_own_names_and_a_clone_also_experiments():
+    """Issue 17: the wheel put a generic `experiments` at the top level of site-packages."""
+    packages = runpy.run_path(str(ROOT / "setup.py"))["packages"]
+    wheel = packages(["setup.py", "bdist_wheel", "--dist-dir", "x"])
+    assert {p.split(".")[0] for p in wheel} == {"mirage_jax", "lax_ir", "fields"}
+    editable = packages(["setup.py", "editable_wheel", "--dist-dir", "x"])
+    assert {p.split(".")[0] for p in editable} == {"mirage_jax", "lax_ir", "fields", "experiments"}
+    assert "experiments.models" in editable and "mirage_jax.search" in wheel
+
+
+def test_without_the_clone_the_commands_that_need_it_say_so(capsys, monkeypatch):
+    from mirage_jax import zoo
+    from mirage_jax.cli import main
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "experiments"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "experiments", None)  # as in a wheel's install
+    assert main(["bench", "rmsnorm", "--small"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mirage-jax bench: needs the repository's `experiments` package")
+    assert "pip install -e ." in err
+    assert main(["reproduce", "--quick", "--budget-s", "5"]) == 1  # not 'unrecognized arguments'
+    assert "which a wheel does not install" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    assert "pip install -e ." in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(ModuleNotFoundError, match="pip install -e"):
+        zoo.model_jobs(["sdpa"])
+
+
+def test_notebook_05_plots_the_h100_runs_the_readme_quotes():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    quoted = set(re.findall(r"results/real_models_h100_2026-11-(\d\d\w)\.md\)", readme))
+    notebook = (ROOT / "notebooks" / "05_real_models.ipynb").read_text()
+    assert quoted and all(f'\\"{run}\\"' in notebook for run in quoted), quoted

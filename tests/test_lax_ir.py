@@ -309,3 +309,28 @@ def test_float64_reference_matches():
     (ref,) = lax_ir.evaluate_reference(p, x, w)
     assert ref.dtype == np.float64
     np.testing.assert_allclose(ref, fn(x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_explain_op_counts_add_up():
+    """Issue 17: sdpa's region said "23 ops" and listed 10 (layout steps were moved to its edges
+    before the counts were taken)."""
+    import re
+
+    def sdpa(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+
+    def rms(x, w):
+        return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) @ w
+
+    f16 = functools.partial(spec, dtype=jnp.float16)
+    texts = [
+        lax_ir.partition(lax_ir.capture(sdpa, f16(1, 16, 4, 64), f16(1, 16, 2, 64), f16(1, 16, 2, 64))).explain(),
+        lax_ir.partition(lax_ir.capture(rms, f16(2, 64), f16(64, 32))).explain(),
+    ]  # fmt: skip
+    for text in texts:
+        listed = re.findall(r"(\d+) ops \(([^)]*)\)", text)
+        assert listed, text
+        for n, counts in listed:
+            assert int(n) == sum(int(c.rsplit("×", 1)[1]) for c in counts.split(", ")), text
+    assert "the other 13 are layout steps at its edges" in texts[0], texts[0]
+    assert "and 2 constant(s) copied in;" in texts[1], texts[1]

@@ -35,6 +35,33 @@ def test_debug_shows_the_search_and_the_candidates(caplog, tmp_path) -> None:
     assert any(" candidate mugraph[0]: " in m for m in lines), lines
 
 
+def test_info_gives_the_search_stop_reason_candidates_and_times(caplog, tmp_path) -> None:
+    """Issue 17: at info level a searched region says how the search stopped and how long it
+    took, what the selection checked and timed, and the winner; `explain` says the same."""
+
+    def f(x, w):
+        return x @ w
+
+    x, w = jnp.ones((16, 16)), jnp.ones((16, 16))
+    fast = mirage_jax.jit(f, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1)
+    with caplog.at_level(logging.INFO, logger="mirage_jax"):
+        fast(x, w)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    line = next(m for m in lines if m.startswith("f region 0: kernel: "))
+    assert "; search: " in line and " s, the search space was exhausted: " in line, line
+    assert "; selection: " in line and "1 candidate checked, none timed (no GPU)" in line, line
+    text = str(mirage_jax.explain(fast, x, w))
+    assert "\n  when stored: search: " in text, text  # a cache hit: the search was earlier
+    assert log.search_summary({"xla_us": 3.0}) == ""
+    older = {"search_s": 0.5, "search": "12 verified µGraph(s)"}  # stored without "stop"
+    assert log.search_summary(older) == "search: 0.5 s: 12 verified µGraph(s)"
+    timed = {"search_s": 9.0, "stop": "time", "candidates": 4, "timed": 4, "select_s": 2.0}
+    assert log.search_summary(timed) == (
+        "search: 9.0 s, the time budget ran out; selection: 2.0 s, 4 candidates checked, "
+        "4 timed against XLA"
+    )
+
+
 def test_the_environment_switches_it_on(monkeypatch) -> None:
     monkeypatch.setenv(log.LOG_ENV, "debug")
     before = list(log.logger.handlers)

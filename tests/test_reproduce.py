@@ -177,6 +177,8 @@ def test_quick_reproduction_end_to_end(tmp_path):
             assert not c["status"].startswith(("failed", "lowering failed")), (row["key"], c)
     md = (tmp_path / "quick.md").read_text()
     assert "Not timed" in md and "| gqa | 1 |" in md
+    assert "Nothing was timed or measured here" in md  # issue 17: no "medians", no bandwidth
+    assert "at the measured bandwidth" not in md and "Times are medians" not in md
 
 
 def test_merge_keeps_rows_this_run_did_not_time(tmp_path):

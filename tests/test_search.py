@@ -430,3 +430,39 @@ def test_a_region_without_candidates_says_what_stopped_the_search():
     r = search(program, budget=Budget(time_s=30), seed=0, progress=False)
     assert not r.mugraphs and r.stop_reason == "no-candidates"
     assert "transpose of a computed value" in r.message and r.stats["blockers"], r.message
+
+
+def test_search_workers_exit_when_their_parent_is_killed():
+    """Issue 17: each run of tests/test_zoo.py's killed-driver test left its spawned worker
+    waiting forever (a SIGKILLed parent shuts no pool down)."""
+    import pathlib
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not pathlib.Path("/proc/self/status").exists():
+        pytest.skip("reads /proc")
+    script = (
+        "import os, time\n"
+        "from mirage_jax.search.workers import spawn_pool\n"
+        "print(spawn_pool(1).submit(os.getpid).result(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def running() -> bool:
+        try:
+            return "\nState:\tZ" not in pathlib.Path(f"/proc/{worker}/status").read_text()
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running(), f"worker {worker} outlived its killed parent"

@@ -10,6 +10,7 @@ import os
 import pickle
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -47,6 +48,32 @@ def default_workers() -> int:
     return max(1, min(MAX_DEFAULT_WORKERS, cpus - 2))
 
 
+def start_worker(parent: int, initializer: Any = None, initargs: tuple = ()) -> None:
+    """A spawned worker's initializer: it exits when `parent`, the process that started it, is
+    gone. A killed parent (SIGKILL, the OOM killer) runs no shutdown, and its workers would wait
+    on the pool's queue forever, each holding jax in memory."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="mirage_jax-parent-watch", daemon=True).start()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def spawn_pool(workers: int, initializer: Any = None, initargs: tuple = ()) -> ProcessPoolExecutor:
+    """A pool of `workers` spawned processes (no fork of a process using jax) that exit with
+    the process that started them (`start_worker`)."""
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=start_worker,
+        initargs=(os.getpid(), initializer, initargs),
+    )
+
+
 def _ready() -> int:
     import fields  # noqa: F401  (galois, numba: imported before the first task, not in it)
     import mirage_jax.search.tasks  # noqa: F401
@@ -58,10 +85,7 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     """`workers` spawned search processes, started without the user's script: a script with
     no `if __name__ == "__main__":` guard works with workers > 1. Problems travel with the
     tasks (`tasks.run_keyed`), so one pool serves any number of searches."""
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),  # no fork of a process using jax
-    )
+    pool = spawn_pool(workers)
     with _user_main_hidden():
         # A spawn pool starts a worker per submit while none is idle: submit one task per
         # worker before any can finish (a worker takes seconds to import jax), so all start here.
