@@ -185,7 +185,7 @@ class Partition:
             consts = searched.pop("constant", 0)
             copied = f" and {consts} constant(s) copied in" if consts else ""
             lines.append(
-                f"  region {r.index}: {len(r.nodes)} ops ({_counts(own)}){copied}; "
+                f"  region {r.index}: {n_ops(len(r.nodes))} ({_counts(own)}){copied}; "
                 f"{len(r.inputs)} in, {len(r.outputs)} out{' (trivial)' if r.is_trivial else ''}"
             )
             if searched != own:  # lax_ir.layouts moved layout steps to the region's edges
@@ -196,7 +196,7 @@ class Partition:
                     if moved > 0 and r.program.meta.get("interface")
                     else ""
                 )
-                lines.append(f"    as searched: {n} ops ({_counts(searched)}){why}")
+                lines.append(f"    as searched: {n_ops(n)} ({_counts(searched)}){why}")
             for nid, why in r.neighbours:
                 lines.append(f"    bounded by %{nid} {_node_label(p.nodes[nid])}: {why}")
         for nid in self.residual:
@@ -502,3 +502,8 @@ def _same_static(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return False
+
+
+def n_ops(n: int) -> str:
+    """'1 op', '3 ops'."""
+    return f"{n} op" if n == 1 else f"{n} ops"

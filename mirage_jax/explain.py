@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lax_ir.partition import n_ops
 from mirage_jax.api import MirageJit, RegionDecision, TraceRecord, device_kind, has_gpu
 from mirage_jax.log import search_summary
 
@@ -82,7 +83,7 @@ class Explanation:
         ins = ", ".join(_aval(s, d) for s, d in p.input_avals)
         outs = ", ".join(_aval(s, d) for s, d in p.output_avals)
         lines.append(
-            f"captured: ({ins}) -> ({outs}); {sum(1 for _ in p.ops())} ops ({counts}); "
+            f"captured: ({ins}) -> ({outs}); {n_ops(sum(1 for _ in p.ops()))} ({counts}); "
             f"hash {p.canonical_hash[:12]}"
         )
         if listing or (listing is None and len(p.nodes) <= PROGRAM_LISTING_MAX_NODES):

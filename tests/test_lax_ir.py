@@ -334,3 +334,9 @@ def test_explain_op_counts_add_up():
             assert int(n) == sum(int(c.rsplit("×", 1)[1]) for c in counts.split(", ")), text
     assert "the other 13 are layout steps at its edges" in texts[0], texts[0]
     assert "and 2 constant(s) copied in;" in texts[1], texts[1]
+
+
+def test_op_counts_read_as_english():
+    from lax_ir.partition import n_ops
+
+    assert (n_ops(1), n_ops(0), n_ops(12)) == ("1 op", "0 ops", "12 ops")
