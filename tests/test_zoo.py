@@ -100,6 +100,8 @@ def test_the_tiny_set_stores_the_same_entries_on_the_local_pool_and_on_ray(ray_c
     assert a.searched == b.searched == len(a.results) and not a.failed and not b.failed
     assert "at most 1 candidates per search" in a.text()
     assert entries(local) == entries(on_ray)
+    again = zoo.optimize_many(jobs, cache=on_ray, ray="local", max_candidates=1, **OPTS)
+    assert again.searched == 0  # every entry is read back (none rejected on load)
 
 
 def test_killed_workers_are_retried_once_then_reported_and_a_rerun_finishes_the_rest(
