@@ -100,6 +100,7 @@ class _Options:
     progress: bool | None = None  # tqdm's disable: None = only on a terminal
     strict: bool = False  # every fallback to XLA raises (FallbackError)
     function_check: bool = True  # time the assembled function against jax.jit (on a GPU)
+    max_candidates: int | None = None  # the search's candidate budget (None: Budget's)
 
     def kwargs(self) -> dict[str, Any]:
         """The options as `MirageJit` keyword arguments."""
@@ -145,6 +146,7 @@ class MirageJit:
         progress: bool | None = None,
         strict: bool | None = None,
         function_check: bool = True,
+        max_candidates: int | None = None,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -154,7 +156,7 @@ class MirageJit:
         self.opts = _Options(
             backend, search, float(budget_s), int(seed), _workers(workers), dict(options or {}),
             lower_config, progress, strict_default() if strict is None else bool(strict),
-            bool(function_check),
+            bool(function_check), None if max_candidates is None else int(max_candidates),
         )  # fmt: skip
         self.cache = _open_cache(cache)
         self.stats = JitStats()
@@ -480,6 +482,7 @@ def jit(
     progress: bool | None = None,
     strict: bool | None = None,
     function_check: bool = True,
+    max_candidates: int | None = None,
 ) -> Any:
     """Compile `fn` like `jax.jit`, replacing its Lax regions with verified fused kernels.
 
@@ -491,7 +494,8 @@ def jit(
         backend: one of `BACKENDS`; "auto" lowers to Triton on a GPU (jax-triton, else Pallas)
             and keeps XLA elsewhere.
         search: "auto" (cache, then search on a miss), "cached" (cache only), "off" (XLA).
-        budget_s: search time budget per region, in seconds.
+        budget_s: search time budget per region, in seconds; `math.inf`: no wall-clock
+            stop, each search ends when exhausted or by `max_candidates` (reproducible).
         cache: a `Cache`, a database path, None for the default path, False for none.
         seed: the search seed (results are deterministic for a seed).
         workers: search worker processes (None: the CPUs less two, at most 12; 1 searches in
@@ -505,6 +509,8 @@ def jit(
         function_check: on a GPU, time the function with its kernels against `jax.jit` of
             the function on the first call of a signature and keep the faster (cached with
             both times); False keeps the kernels the per-region selection chose.
+        max_candidates: closed graphs a search examines at most (`search.Budget`; None: its
+            default, 20000); not part of the cache key, like `budget_s`.
     """
     kwargs = dict(
         static_argnums=static_argnums,
@@ -522,6 +528,7 @@ def jit(
         progress=progress,
         strict=strict,
         function_check=function_check,
+        max_candidates=max_candidates,
     )
     if fn is None:
         return functools.partial(jit, **kwargs)
@@ -541,11 +548,13 @@ def superoptimize(
     search: str = "auto",
     static_argnums: int | Sequence[int] | None = None,
     progress: bool | None = None,
+    max_candidates: int | None = None,
     **kwargs: Any,
 ) -> TraceRecord:
     """Search (and cache) kernels for `fn` at the given arguments; returns the trace record.
 
-    `args`/`kwargs` may be arrays or `jax.ShapeDtypeStruct`s; nothing is executed.
+    `args`/`kwargs` may be arrays or `jax.ShapeDtypeStruct`s; nothing is executed. The options
+    are `jit`'s.
     """
     f = fn if isinstance(fn, MirageJit) else None
     if f is None:
@@ -559,6 +568,7 @@ def superoptimize(
             seed=seed,
             workers=workers,
             progress=progress,
+            max_candidates=max_candidates,
         )
     f.trace(*args, **kwargs)
     assert f.last is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -69,7 +70,8 @@ def _optimize(args: argparse.Namespace) -> int:
         fn,
         *values,
         backend=args.backend,
-        budget_s=args.budget_s,
+        budget_s=math.inf if args.reproducible else args.budget_s,
+        max_candidates=args.max_candidates,
         cache=cache,
         seed=args.seed,
         workers=args.workers,
@@ -125,6 +127,7 @@ def _optimize_many(args: argparse.Namespace) -> int:
         report = zoo.optimize_many(
             jobs, backend=args.backend, budget_s=args.budget_s, cache=cache, seed=args.seed,
             workers=args.workers or default_workers(), ray=args.ray, progress=not args.quiet,
+            reproducible=args.reproducible, max_candidates=args.max_candidates,
         )  # fmt: skip
     except RayUnavailable as e:
         raise CommandError(one_line(e, 1000)) from e
@@ -330,7 +333,8 @@ def _add_search_args(p: argparse.ArgumentParser, when: str = "", seed: bool = Tr
 
 
 def _add_many_args(p: argparse.ArgumentParser) -> None:
-    """optimize's --models, --size, --batch and --ray (`mirage_jax.zoo`)."""
+    """optimize's --models, --size, --batch, --ray (`mirage_jax.zoo`), --reproducible and
+    --max-candidates."""
     from mirage_jax.zoo import RAY_MODES
 
     p.add_argument(
@@ -357,6 +361,19 @@ def _add_many_args(p: argparse.ArgumentParser) -> None:
         "join the running Ray cluster (`ray start --head`); local: start one on this machine. "
         "Ray searches on CPUs and times on GPUs, one GPU per task "
         '(pip install "mirage-jax[ray]"; default: %(default)s)',
+    )
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="no wall-clock stop (--budget-s unused): each search ends when exhausted or after "
+        "--max-candidates, so the entries depend on the seed only, not on the machine's load, "
+        "--workers or --ray",
+    )
+    p.add_argument(
+        "--max-candidates",
+        type=at_least_one,
+        metavar="N",
+        help="closed graphs each search examines at most (default: 20000)",
     )
 
 

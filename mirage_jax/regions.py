@@ -119,10 +119,13 @@ def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
     the `SearchOutcome` (XLA) when there is none. Needs no GPU (`mirage_jax.zoo` runs it on
     CPU workers and the selection where the GPU is)."""
     t0 = time.perf_counter()
+    limits = {"time_s": opts.budget_s}
+    if opts.max_candidates is not None:
+        limits["max_candidates"] = opts.max_candidates
     try:
         result = search_mod.search(
             program,
-            budget=search_mod.Budget(time_s=opts.budget_s),
+            budget=search_mod.Budget(**limits),
             seed=opts.seed,
             workers=opts.workers,
             progress=opts.progress,

@@ -18,10 +18,20 @@
 
 A task that fails (an exception, or its worker process dying) is tried once more; a second
 failure is reported in the summary with its cause and the other regions go on.
+
+Reproducible runs (`reproducible=True`, `--reproducible`): searches have no wall-clock stop
+(`search.Budget(time_s=math.inf)`) and end when exhausted or after `max_candidates`, so each
+entry depends on its region, the options and the seed only: not on the executor, the worker
+count, the machine's load or the order tasks finish in (what a worker keeps from earlier
+tasks, `fields.verify`'s verdicts, is what it would compute again). `comparable` gives the
+fields such runs agree on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -220,6 +230,7 @@ class Report:
     searched: int = 0
     timed: int = 0
     search_results: dict[str, Any] = field(default_factory=dict)
+    budget: str = ""  # the searches' budget, in words
 
     def count(self, **match: str) -> int:
         return sum(all(getattr(r, k) == v for k, v in match.items()) for r in self.results)
@@ -238,7 +249,7 @@ class Report:
             f"selected, {self.count(status='kernel')} kernel(s), {len(self.failed)} failed; "
             f"{self.executor}, {self.seconds:.1f} s"
         )
-        lines = [head]
+        lines = [head] + ([f"# search budget: {self.budget}"] if self.budget else [])
         if p.backend is None:
             lines.append(f"# every region runs as XLA: {p.why_not}")
         for name, why in p.errors:
@@ -253,6 +264,20 @@ class Report:
             cells = [c.ljust(w) for c, w in zip(row[:5], widths)]
             lines.append("  ".join([*cells, _short(row[5])]))
         return "\n".join(lines)
+
+
+WALL_CLOCK = ("search_s", "select_s", "select_phases_s")
+"""Timings of an entry that are seconds of wall clock, not choices."""
+
+
+def comparable(entry: Any) -> dict[str, Any]:
+    """A cache entry's fields but its creation time and the wall-clock seconds in its timings
+    (`WALL_CLOCK`): what two reproducible runs with the same seed store alike."""
+    d = dataclasses.asdict(entry)
+    d.pop("created_at")
+    timings = {k: v for k, v in entry.timings.items() if k not in WALL_CLOCK}
+    d["timings_json"] = json.dumps(timings, sort_keys=True)
+    return d
 
 
 def _jobs(p: Plan) -> set[str]:
@@ -406,8 +431,18 @@ def run(
     ordered = [results[k] for k in the_plan.regions if k in results]
     return Report(
         ordered, the_plan, executor.name, time.perf_counter() - t0, counts["searched"],
-        counts["timed"], search_results,
+        counts["timed"], search_results, budget_text(opts),
     )  # fmt: skip
+
+
+def budget_text(opts: Any) -> str:
+    """A search budget in words: wall clock per region (or none: reproducible), candidates."""
+    from mirage_jax.search import Budget
+
+    n = opts.max_candidates if opts.max_candidates is not None else Budget.max_candidates
+    if math.isinf(opts.budget_s):
+        return f"reproducible: no wall-clock stop, at most {n} candidates per search"
+    return f"{opts.budget_s:g} s per region, at most {n} candidates per search"
 
 
 RAY_MODES = ("off", "auto", "local")
@@ -427,6 +462,8 @@ def optimize_many(
     progress: bool | None = None,
     ray_init: Mapping[str, Any] | None = None,
     gpus: int = 0,
+    reproducible: bool = False,
+    max_candidates: int | None = None,
 ) -> Report:
     """Search (and cache) kernels for many functions at many shapes; each distinct region is
     searched once, and regions already in the cache are skipped.
@@ -442,14 +479,19 @@ def optimize_many(
         ray_init: extra `ray.init` arguments (e.g. num_cpus, num_gpus for `ray="local"`).
         gpus: with `ray="off"`, select in one process per GPU (GPUs 0..gpus-1) instead of in
             this process.
+        reproducible: no wall-clock stop (`budget_s` unused): each search ends when exhausted
+            or after `max_candidates`, and the entries depend on the seed only (on a GPU the
+            timed choice between kernel and XLA still depends on the timings).
+        max_candidates: closed graphs each search examines at most (None: `search.Budget`'s
+            default, 20000).
     """
     from mirage_jax.api import MirageJit
 
     if ray not in RAY_MODES:
         raise ValueError(f"ray must be one of {', '.join(RAY_MODES)}, got {ray!r}")
     owner = MirageJit(
-        _nothing, backend=backend, budget_s=budget_s, cache=cache, seed=seed, workers=1,
-        options=options, progress=False,
+        _nothing, backend=backend, budget_s=math.inf if reproducible else budget_s, cache=cache,
+        seed=seed, workers=1, options=options, progress=False, max_candidates=max_candidates,
     )  # fmt: skip
     if ray == "off":
         from mirage_jax.local_backend import LocalExecutor

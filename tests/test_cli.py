@@ -117,6 +117,31 @@ def test_explain_passes_the_search_options(capsys, tmp_path, monkeypatch):
     assert rc == 0 and seen == {"budget_s": 2.5, "workers": 2, "search": "cached"}
 
 
+@pytest.mark.parametrize("models", [False, True])
+def test_optimize_reproducible_has_no_wall_clock_stop(capsys, tmp_path, monkeypatch, models):
+    """--reproducible searches with budget_s=inf, --max-candidates bounds each search."""
+    import mirage_jax
+    from mirage_jax import zoo
+    from mirage_jax.cli_args import CommandError
+
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen.update({k: kwargs.get(k) for k in ("budget_s", "reproducible", "max_candidates")})
+        raise CommandError("stopped by the test")
+
+    monkeypatch.setattr(mirage_jax, "superoptimize", spy)
+    monkeypatch.setattr(zoo, "optimize_many", spy)
+    target = ["--models", "sdpa_decode", "-b", "1"] if models else RMSNORM
+    rc, _, err = run(capsys, "optimize", *target, "--cache", str(tmp_path / "c.sqlite"),
+                     "--reproducible", "--max-candidates", "5")  # fmt: skip
+    assert rc == 1 and "stopped by the test" in err
+    if models:
+        assert seen["reproducible"] is True and seen["max_candidates"] == 5
+    else:
+        assert seen == {"budget_s": float("inf"), "reproducible": None, "max_candidates": 5}
+
+
 def test_parse_arg_specs_and_literals():
     assert parse_arg("f16[2,4096]") == jax.ShapeDtypeStruct((2, 4096), jnp.float16)
     assert parse_arg("bf16[8]") == jax.ShapeDtypeStruct((8,), jnp.bfloat16)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import pathlib
 
 import jax.numpy as jnp
@@ -244,6 +246,32 @@ def test_candidate_budget_stops_with_reason():
     r = search(p, budget=Budget(max_candidates=1), progress=False)
     assert r.stop_reason == "candidates"
     assert r.stats["verified"] + r.stats["invalid"] <= 1
+
+
+def _outcome(r) -> tuple:
+    """What a search found and did, without its seconds."""
+    counts = {k: r.stats[k] for k in ("verified", "accepted", "rejected", "generated", "nodes")}
+    return r.stop_reason, [g.canonical_hash for g in r.mugraphs], r.structures, counts
+
+
+@pytest.mark.parametrize("max_candidates", [1, 3])
+def test_a_candidate_stop_does_not_depend_on_the_worker_count(max_candidates):
+    """A pool runs all tasks of a depth at once; those after the task that stopped on the
+    candidate budget, which one process never starts, are left out (issue 18)."""
+    p = region("rmsnorm")
+    budget = Budget(max_candidates=max_candidates)
+    alone = search(p, budget=budget, progress=False)
+    pooled = search(p, budget=budget, progress=False, workers=2)
+    assert alone.stop_reason == "candidates"
+    assert _outcome(pooled) == _outcome(alone)
+
+
+def test_no_wall_clock_budget_ends_by_exhaustion_with_the_same_result():
+    p, want = searched("rmsnorm")
+    r = search(p, budget=dataclasses.replace(BUDGET, time_s=math.inf), progress=False)
+    assert r.stop_reason == want.stop_reason == "exhausted"
+    assert _outcome(r) == _outcome(want)
+    assert r.stats["budget"]["time_s"] == math.inf
 
 
 def test_no_better_mugraph_is_an_empty_result_that_says_so():

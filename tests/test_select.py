@@ -195,3 +195,26 @@ def test_in_context_timing_feeds_the_regions_own_inputs() -> None:
     )
     assert fed and all(shapes == [s for s, _ in avals] for shapes in fed)
     assert all(c.error == "" for c in sel.contenders), sel.contenders
+
+
+def test_the_stored_verdict_has_the_bound_the_cache_trusts():
+    """The search's two trials leave GPT-2's tanh-GELU region (tiny, b=1) at 6.4e-9; `select`
+    verifies again with the trials reaching 1e-9. Regression: the cache rejected such entries
+    when read, so every rerun searched the region again."""
+    import json
+    import math
+
+    from experiments import models
+    from mirage_jax import search as search_mod
+    from mirage_jax.api import MirageJit, _capture
+    from mirage_jax.cache import MAX_BOUND
+    from mirage_jax.regions import search_only, select_searched
+
+    m = models.get("gpt2_prefill", 1, "tiny")
+    region = lax_ir.partition(_capture(m.fn, tuple(m.abstract_args()), {})).regions[0]
+    opts = MirageJit(m.fn, budget_s=math.inf, max_candidates=1, cache=False).opts
+    found = search_only(search_mod, region.program, opts)
+    assert found.mugraphs[0].meta["bound"] > MAX_BOUND  # the search's own full-size verdict
+    out = select_searched(found, region.program, opts, "pallas-interpret")
+    verdict = json.loads(out.verdict_json)["verdict"]
+    assert verdict["bound"] <= MAX_BOUND and verdict["trials"] >= 3

@@ -57,7 +57,10 @@ class Budget:
     """Limits of one search.
 
     Arguments:
-        time_s: wall-clock limit of the enumeration (numbers and confirmation come after).
+        time_s: wall-clock limit of the enumeration (numbers and confirmation come after);
+            `math.inf`: no wall-clock stop anywhere (nor in the e-graph's saturation or the
+            full-size confirmation), so the search ends when exhausted or by `max_candidates`
+            and its result depends on the region and the seed only.
         max_candidates: closed graphs examined (each a verification unless memoised).
         max_kernels: kernels per µGraph (a split-K pair is two).
         max_block_ops: block ops per graph-defined kernel (inputs not counted).
@@ -275,7 +278,8 @@ def search(
 
     # confirm: full-size verification of the best
     t0 = time.perf_counter()
-    kept, failed = _confirm(problem, instances, budget, cut_deadline - 0.1 * budget.time_s)
+    confirm_by = cut_deadline - 0.1 * budget.time_s if math.isfinite(budget.time_s) else math.inf
+    kept, failed = _confirm(problem, instances, budget, confirm_by)
     seconds["verify_full"] = time.perf_counter() - t0
     stats["confirm_failed"] = failed
     seconds["total"] = time.perf_counter() - t_all
@@ -393,6 +397,8 @@ class _Run:
                     new.append((cls[o.index], r, j, o.index, s, key))
                 if o.stopped and self.stop_reason == "exhausted":
                     self.stop_reason = o.stopped
+                if o.stopped == "candidates":
+                    break  # the tasks after it, run by a pool, would not run in one process
             # in the order one task per class finds them (class, first op, depth-first), each
             # key once (shards of a class may both close a graph another path also builds)
             for c, _, _, index, s, key in sorted(new, key=lambda a: a[:4]):

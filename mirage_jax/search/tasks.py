@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -183,7 +184,9 @@ def prepare(program: Program, *, seed: int, budget: Any) -> Problem:
         f"x{k}": frozenset(c for c in sdims.axes[n] if c is not None)
         for k, n in enumerate(small_program.inputs)
     }
-    targets = Targets([terms[o] for o in small_program.outputs], var_dims)
+    # no wall-clock limit on the saturation either when the search has none (reproducible)
+    limit = {} if math.isfinite(budget.time_s) else {"max_seconds": math.inf}
+    targets = Targets([terms[o] for o in small_program.outputs], var_dims, **limit)
     scalars = E.scalar_constants(small_program, sdims)
     return Problem(
         program=program,
