@@ -253,10 +253,9 @@ class MirageJit:
                     reasons = dict.fromkeys(kernels, check.reason)
                     run = None
                 else:
-                    subset, check = kept
+                    subset, check, asm = kept
                     why = f"left out by the whole-function check: {check.reason}"
                     reasons = {k: why for k in kernels if k not in subset}
-                    asm = assemble(program, part, {k: replacements[k] for k in subset})
                     run = lax_ir.as_function(program, asm.fn)
                 decisions = self._demote(part, decisions, reasons)
         for d in decisions:
@@ -295,20 +294,23 @@ class MirageJit:
         replacements: Mapping[int, Callable],
         backend: str,
         full: FunctionCheck,
-    ) -> tuple[frozenset[int], FunctionCheck] | None:
-        """The kernels to keep when all of them lost the whole-function check
-        (`function_check.best_subset`; each subset's check cached like the full one)."""
+    ) -> tuple[frozenset[int], FunctionCheck, Any] | None:
+        """The kernels to keep when all of them lost the whole-function check, with their check
+        and assembly (`function_check.best_subset`; each subset's check cached like the full
+        one)."""
         kernel = {d.index: d for d in decisions if d.status == "kernel"}
+        assembled: dict[frozenset[int], Any] = {}
 
         def check(subset: frozenset[int]) -> FunctionCheck | None:
-            asm = assemble(program, part, {k: replacements[k] for k in subset})
+            asm = assembled[subset] = assemble(program, part, {k: replacements[k] for k in subset})
             if asm.skipped or not asm.substituted:
                 return None
             return self._function_check(
                 program, [kernel[k] for k in subset], asm.fn, backend, xla_us=full.xla_us
             )
 
-        return best_subset(sorted(kernel), check, full)
+        kept = best_subset(sorted(kernel), check, full)
+        return None if kept is None else (*kept, assembled[kept[0]])
 
     def _function_check(
         self,

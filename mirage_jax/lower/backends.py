@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -32,6 +33,7 @@ class Backend:
         needs_gpu: the kernels only run on a CUDA GPU.
         requires: Python packages it imports at lowering time.
         description: one line for help texts.
+        problem: why the installed packages cannot run it, or None (checked after `requires`).
     """
 
     name: str
@@ -40,6 +42,7 @@ class Backend:
     needs_gpu: bool
     description: str
     requires: tuple[str, ...] = ()
+    problem: Callable[[], str | None] | None = None
 
     def missing(self) -> tuple[str, ...]:
         """The required packages that do not import here."""
@@ -52,8 +55,8 @@ class Backend:
         missing = self.missing()
         if missing:
             return False, f"backend {self.name!r} needs {', '.join(missing)} (the `gpu` extra)"
-        if self.name == "triton" and (problem := jax_triton_problem()):
-            return False, f"backend 'triton': {problem}"
+        if self.problem is not None and (problem := self.problem()):
+            return False, f"backend {self.name!r}: {problem}"
         return True, ""
 
     def load(self) -> ModuleType:
@@ -72,7 +75,7 @@ BACKENDS: dict[str, Backend] = {
         Backend("pallas", _PALLAS, False, True, "Pallas kernels (Triton lowering), GPU"),
         Backend(
             "triton", _TRITON, False, True, "generated Triton kernels through jax-triton, GPU",
-            ("jax_triton",),
+            ("jax_triton",), lambda: jax_triton_problem(),
         ),
         Backend(
             "pallas-interpret", _PALLAS, True, False,
@@ -147,7 +150,7 @@ def gpu_default() -> str:
     """
     if BACKENDS["triton"].missing():
         return "pallas"
-    problem = jax_triton_problem()
+    problem = BACKENDS["triton"].problem()
     if problem:
         from mirage_jax._env import warn_once
 

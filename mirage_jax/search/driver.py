@@ -392,8 +392,7 @@ class _Run:
                 self.verify_s += o.verify_s
                 self.saturation = o.saturation or self.saturation
                 self.known[o.index].update(o.verdicts)
-                roots = o.roots or [-1] * len(o.accepted)
-                for j, ((s, key), r) in enumerate(zip(o.accepted, roots)):
+                for j, ((s, key), r) in enumerate(zip(o.accepted, o.roots)):
                     new.append((cls[o.index], r, j, o.index, s, key))
                 if o.stopped and self.stop_reason == "exhausted":
                     self.stop_reason = o.stopped
