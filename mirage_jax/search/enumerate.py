@@ -524,7 +524,9 @@ class BlockEnumerator:
         if name == "accum_max":
             if not x.shift:
                 return "accumulator"
-            return BT(x.term, x.tile, x.labels, True, shift=True, varies=x.varies - {L})
+            # a loop over a split dimension maxes the block's slice: still partial over it
+            done = {L} - frozenset(self.mapping.split)
+            return BT(x.term, x.tile, x.labels, True, shift=True, varies=x.varies - done)
         if name.startswith("accum_rescale"):
             if x.shifted != args[1] or not ts[2].post or not ts[2].shift:
                 return "accumulator"
