@@ -40,9 +40,9 @@ from mirage_jax.function_check import FUNCTION_CHECK, FunctionCheck, best_subset
 from mirage_jax.function_check import measure as measure_function
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
+from mirage_jax.regions import SearchAhead, eagerly, region_avals, region_kernel
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
-from mirage_jax.regions import eagerly, region_avals, region_kernel
 from mirage_jax.regions import effective_backend as effective_backend
 from mirage_jax.regions import gpu_default_backend as gpu_default_backend
 from mirage_jax.regions import lower_mugraph as lower_mugraph
@@ -399,10 +399,13 @@ class MirageJit:
             disable = None if progress is None else not progress  # None: only on a terminal
             from mirage_jax.search.workers import shared_pool
 
-            with shared_pool():  # one pool of search workers for all of this call's regions
+            # One pool of search workers for all of this call's regions; the searches run
+            # ahead in a background thread while each searched region is selected here.
+            with shared_pool(), SearchAhead([r.program for r in misses], self.opts) as ahead:
                 bar = tqdm(misses, desc="mirage_jax search", unit="region", disable=disable)
-                for region in bar:
-                    found[region.index] = resolver.search(region, region_avals(part, region))
+                for region, searched in zip(bar, ahead.futures):
+                    avals = region_avals(part, region)
+                    found[region.index] = resolver.search(region, avals, searched)
         for region in pending:
             decision = found[region.index] or xla_decision(
                 region, "not in the cache (search='cached')"

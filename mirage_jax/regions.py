@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,11 @@ class SearchOutcome:
 
 
 def search_region(
-    program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+    program: Any,
+    opts: Any,
+    backend: str,
+    avals: Sequence[tuple] | None = None,
+    searched: Future | None = None,
 ) -> SearchOutcome:
     """Search µGraphs for one region and select the fastest verified one, or XLA.
 
@@ -67,13 +72,53 @@ def search_region(
     GPU (pallas-interpret, reference) nothing is timed: the cost model's best that passes wins.
     With the region's own input `avals` (shape, dtype), a region with layout steps at its
     interface is timed as its function calls it: those steps included (`select.InContext`).
+    `searched`: the search already started by `SearchAhead` (its result is selected from).
     """
+    if searched is not None:
+        return eagerly(select_searched_or_not, searched.result(), program, opts, backend, avals)
+    return eagerly(_search_and_select, _search_module(), program, opts, backend, avals)
+
+
+def _search_module() -> Any:
     try:
         from mirage_jax import search as search_mod
     except ImportError as e:
         raise SearchUnavailable(f"mirage_jax.search is not available ({e})") from e
+    return search_mod
 
-    return eagerly(_search_and_select, search_mod, program, opts, backend, avals)
+
+class SearchAhead:
+    """The searches of several regions, run one after another in a background thread, so each
+    region's selection (lowering and timing on the GPU, in the caller's thread) overlaps the
+    next regions' searches (on the CPU workers). A context manager; leaving it early (an
+    error, an interrupt) cancels the searches not yet started."""
+
+    def __init__(self, programs: Sequence[Any], opts: Any):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirage_jax-search")
+        self.futures: list[Future] = [
+            self._pool.submit(_search_ahead, program, opts) for program in programs
+        ]
+
+    def __enter__(self) -> SearchAhead:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        self._pool.shutdown(wait=kind is None, cancel_futures=True)
+
+
+def _search_ahead(program: Any, opts: Any) -> Any:
+    return search_only(_search_module(), program, opts)
+
+
+def select_searched_or_not(
+    found: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+) -> SearchOutcome:
+    """`select_searched` for a `search_only` result (a `SearchOutcome` passes through)."""
+    if isinstance(found, SearchOutcome):
+        return found
+    return select_searched(found, program, opts, backend, avals)
 
 
 def eagerly(fn: Callable[..., Any], *args: Any) -> Any:
@@ -108,10 +153,9 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
 def _search_and_select(
     search_mod: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
 ) -> SearchOutcome:
-    found = search_only(search_mod, program, opts)
-    if isinstance(found, SearchOutcome):
-        return found
-    return select_searched(found, program, opts, backend, avals)
+    return select_searched_or_not(
+        search_only(search_mod, program, opts), program, opts, backend, avals
+    )
 
 
 def search_only(search_mod: Any, program: Any, opts: Any) -> Any:

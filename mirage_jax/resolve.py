@@ -81,11 +81,14 @@ class Resolver:
             owner._memo[key] = decision
         return decision
 
-    def search(self, region: Any, avals: Sequence[tuple] | None = None) -> RegionDecision:
+    def search(
+        self, region: Any, avals: Sequence[tuple] | None = None, searched: Any = None
+    ) -> RegionDecision:
         """Search the region and store the result (an XLA decision if it cannot run); with the
-        region's own input `avals`, candidates are timed as the function calls the region."""
+        region's own input `avals`, candidates are timed as the function calls the region;
+        `searched`: its search already started (`regions.SearchAhead`)."""
         key = self.key(region)
-        decision = self._search(region, key, avals)
+        decision = self._search(region, key, avals, searched)
         self.owner._memo[key] = decision
         return decision
 
@@ -123,10 +126,12 @@ class Resolver:
             region, entry, mugraph, "cache", "cached verified µGraph", f"cached: {why_xla}"
         )
 
-    def _search(self, region: Any, key: str, avals: Sequence[tuple] | None) -> RegionDecision:
+    def _search(
+        self, region: Any, key: str, avals: Sequence[tuple] | None, searched: Any = None
+    ) -> RegionDecision:
         owner = self.owner
         try:
-            found = search_region(region.program, owner.opts, self.backend, avals)
+            found = search_region(region.program, owner.opts, self.backend, avals, searched)
         except SearchUnavailable as e:
             fallback(
                 "search-unavailable",

@@ -545,3 +545,45 @@ def test_a_closed_over_weight_is_a_kernel_argument(tmp_path):
     got = f(x)
     assert [d.status for d in f.last.decisions] == ["kernel"], f.last.decisions
     np.testing.assert_allclose(np.asarray(got), np.asarray(block(x)), rtol=1e-4, atol=1e-4)
+
+
+def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
+    """The regions' searches run one after another in a background thread, in region order,
+    and each region is selected from its own search's result (`regions.SearchAhead`)."""
+    import threading
+
+    from mirage_jax import regions
+
+    calls: list[tuple[str, str]] = []
+    real_search, real_select = regions.search_only, regions.select_searched
+
+    def search_only(search_mod, program, opts):
+        calls.append(("search", program.canonical_hash, threading.current_thread().name))
+        return real_search(search_mod, program, opts)
+
+    def select_searched(result, program, *args):
+        calls.append(("select", program.canonical_hash, threading.current_thread().name))
+        return real_select(result, program, *args)
+
+    monkeypatch.setattr(regions, "search_only", search_only)
+    monkeypatch.setattr(regions, "select_searched", select_searched)
+
+    def two_regions(x, w1, w2):  # a norm + projection, a reshape (layout), a second one
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        y = (h @ w1).reshape(x.shape[0], 2, -1).transpose(1, 0, 2).reshape(x.shape[0] * 2, -1)
+        return jnp.tanh(y @ w2)
+
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 32), (32, 64), (32, 16))]
+    f = mirage_jax.jit(two_regions, backend="reference", cache=tmp_path / "c.sqlite", workers=1)
+    assert_close(f(*xs), jax.jit(two_regions)(*xs))
+    searched = [c for c in calls if c[0] == "search"]
+    selected = [c for c in calls if c[0] == "select"]
+    assert len(searched) == f.stats.searches >= 2, f.last.decisions
+    assert all(t.startswith("mirage_jax-search") for *_, t in searched)
+    assert all(not t.startswith("mirage_jax-search") for *_, t in selected)
+    order = [d.region_hash for d in f.last.decisions if d.source == "search"]
+    assert [h for _, h, _ in searched] == order
+    chosen = {h for _, h, _ in selected}
+    assert [h for _, h, _ in selected] == [h for _, h, _ in searched if h in chosen]
+    assert selected, "no region had a µGraph to select"
