@@ -208,6 +208,7 @@ def select_searched(
         seed=opts.seed,
         strict=opts.strict,
         tune_warps=opts.lower_config is None,
+        compile_threads=int(opts.options.get("compile_threads", 4)),
         context=(
             in_context(program, opts, backend, avals)
             if timed and avals is not None and program.meta.get("interface")

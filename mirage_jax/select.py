@@ -14,10 +14,12 @@ a µGraph is chosen only if it is faster than XLA by more than `tie` (relative).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +100,16 @@ class Contender:
     estimate_us: float | None = None
     max_rel_error: float | None = None
     verdict: Any = None  # the full-size `fields.Verdict` when `select` verified it
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A candidate verified, lowered, checked and compiled: its contender (untimed, or with
+    the reason it was dropped), its output order and the (function, inputs) to time."""
+
+    contender: Contender
+    order: list[int] | None
+    run: tuple[Callable[..., Any], Callable[[int], Sequence[Any]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +212,7 @@ def select(
     strict: bool = False,
     context: InContext | None = None,
     tune_warps: bool = False,
+    compile_threads: int = 4,
 ) -> Selection:
     """Time the `top` best µGraphs of `result` and XLA; return the fastest (XLA wins ties).
 
@@ -228,6 +241,8 @@ def select(
             interface included; the float check stays on the canonical inputs.
         tune_warps: also time the fastest µGraph with `TUNED_WARPS` warps per block (its
             meta's `WARPS`, which the lowering reads when given no config) and keep the faster.
+        compile_threads: timed, the candidates are verified, lowered and compiled this many at
+            a time (threads) while the ones ready are timed, one at a time.
     """
     import jax
 
@@ -243,16 +258,17 @@ def select(
 
         lower = lower_fn
 
-    def run_timer(fn, kernel: bool = False, mugraph: MuGraph | None = None, order=None):
-        feed = inputs
-        if context is not None:  # the region as called: its own inputs, the interface's steps
-            feed = context.inputs
+    def timed_fn(fn, kernel: bool = False, mugraph: MuGraph | None = None, order=None):
+        """The function to time and its inputs: as the function calls the region (`context`:
+        its own inputs, the interface's steps) or on the canonical inputs."""
+        if context is not None:
             if kernel:
                 raw = context.lower(mugraph, backend=backend)
                 fn = (lambda *xs: [raw(*xs)[i] for i in order]) if order else raw
-            fn = jax.jit(context.wrap(fn, kernel))
-        elif not kernel:
-            fn = jax.jit(fn)
+            return jax.jit(context.wrap(fn, kernel)), context.inputs
+        return (fn if kernel else jax.jit(fn)), inputs
+
+    def run_timer(fn, feed):
         got = timer(fn, feed)
         return got if isinstance(got, tuple) else (float(got), "")
 
@@ -260,19 +276,21 @@ def select(
         return rtol.get(dtype, 2e-2) if isinstance(rtol, Mapping) else rtol
 
     phases = dict.fromkeys(("xla_s", "reference_s", "verify_s", "lower_s", "time_s"), 0.0)
+    lock = threading.Lock()
 
     @contextlib.contextmanager
-    def phase(name: str):  # wall seconds per step of the selection, kept in its timings
+    def phase(name: str):  # seconds per step of the selection, kept in its timings
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            phases[name] += time.perf_counter() - t0
+            with lock:
+                phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
 
     xla_us, method = None, "cost model"
     if timed:
         with phase("xla_s"):
-            xla_us, method = run_timer(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
+            xla_us, method = run_timer(*timed_fn(lambda *xs: tuple(lax_ir.evaluate(program, *xs))))
         if context is not None:
             method += ", in context (the region's own inputs and layout steps)"
     contenders = [Contender("xla", xla_us)]
@@ -280,9 +298,9 @@ def select(
         xs = inputs(0)
         reference = [np.asarray(o, np.float64) for o in lax_ir.evaluate_reference(program, *xs)]
 
-    def attempt(label: str, g: MuGraph, known: tuple | None = None) -> tuple[Contender, Any]:
-        """Verify (unless `known`: its verdict and output order), lower, check and time one
-        µGraph; its Contender (with an error when dropped) and output order."""
+    def prepare(label: str, g: MuGraph, known: tuple | None = None) -> Prepared:
+        """Verify (unless `known`: its verdict and output order), lower, check one µGraph and
+        compile what will be timed; safe to run for several µGraphs at once (threads)."""
         est = (g.meta.get("cost") or {}).get("us")
         verdict, order = known or (None, None)
         try:
@@ -301,35 +319,64 @@ def select(
             ]
             err = max(errs)
             if not all(e <= tol(d) for e, (_, d) in zip(errs, program.output_avals)):  # NaN too
-                return Contender(
-                    label, None, g, f"wrong result: {err:.3g}", est, err, verdict
-                ), order
-            with phase("time_s"):
-                us = run_timer(fn, True, g, order)[0] if timed else None
+                why = f"wrong result: {err:.3g}"
+                return Prepared(Contender(label, None, g, why, est, err, verdict), order)
+            run = None
+            if timed:
+                with phase("lower_s"):  # the timed function compiled here, not in the timing
+                    run = timed_fn(fn, True, g, order)
+                    jax.block_until_ready(run[0](*run[1](0)))
         except Exception as e:  # a failure drops the candidate, with the reason
             if strict and not isinstance(e, (LoweringError, NotEqual)):
                 raise
             msg = f"{type(e).__name__}: {e}"[:300]
-            return Contender(label, None, g, msg, est, None, verdict), order
-        return Contender(label, us, g, "", est, err, verdict), order
+            return Prepared(Contender(label, None, g, msg, est, None, verdict), order)
+        return Prepared(Contender(label, None, g, "", est, err, verdict), order, run)
+
+    def attempt(p: Prepared) -> Contender:
+        """Time one prepared µGraph (the timer runs alone: one trace at a time)."""
+        c = p.contender
+        if c.error or not timed:
+            return c
+        try:
+            with phase("time_s"):
+                return dataclasses.replace(c, us=run_timer(*p.run)[0])
+        except Exception as e:
+            if strict:
+                raise
+            return dataclasses.replace(c, error=f"{type(e).__name__}: {e}"[:300])
 
     best: tuple[float, MuGraph] | None = None
     best_of: tuple[Contender, Any] | None = None
-    for k, g in timing_order(result.mugraphs, top):
-        c, order = attempt(f"mugraph[{k}]", g)
-        contenders.append(c)
-        if c.error:
-            continue
-        if not timed:
-            _log(program, contenders)
-            why = "the cost model's best that lowers and passes the float check (not timed)"
-            return Selection(g, why, tuple(contenders), method, backend, {"phases": phases})
-        if best is None or c.us < best[0]:
-            best, best_of = (c.us, g), (c, order)
+    order_ = timing_order(result.mugraphs, top)
+    threads = max(1, min(int(compile_threads), len(order_))) if timed else 1
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads, "mirage_jax-select") as pool:
+        # timed: every candidate is verified, lowered and compiled (threads), then each is
+        # timed alone (nothing else runs on the GPU under a trace); untimed: one after
+        # another, until the first that passes.
+        prepared = (
+            list(pool.map(lambda kg: prepare(f"mugraph[{kg[0]}]", kg[1]), order_))
+            if threads > 1
+            else (prepare(f"mugraph[{k}]", g) for k, g in order_)
+        )
+        for p in prepared:
+            c = attempt(p)
+            contenders.append(c)
+            if c.error:
+                continue
+            g = c.mugraph
+            if not timed:
+                _log(program, contenders)
+                why = "the cost model's best that lowers and passes the float check (not timed)"
+                return Selection(g, why, tuple(contenders), method, backend, {"phases": phases})
+            if best is None or c.us < best[0]:
+                best, best_of = (c.us, g), (c, p.order)
+    phases["prepare_and_time_s"] = time.perf_counter() - t0
     if best is not None and tune_warps and WARPS not in best[1].meta:
         c, order = best_of
         g = MuGraph(best[1].ops, best[1].outputs, {**best[1].meta, WARPS: TUNED_WARPS})
-        more, _ = attempt(f"{c.label} with {TUNED_WARPS} warps", g, (c.verdict, order))
+        more = attempt(prepare(f"{c.label} with {TUNED_WARPS} warps", g, (c.verdict, order)))
         contenders.append(more)
         if not more.error and more.us < best[0]:
             best = (more.us, g)

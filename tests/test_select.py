@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -218,3 +221,43 @@ def test_the_stored_verdict_has_the_bound_the_cache_trusts():
     out = select_searched(found, region.program, opts, "pallas-interpret")
     verdict = json.loads(out.verdict_json)["verdict"]
     assert verdict["bound"] <= MAX_BOUND and verdict["trials"] >= 3
+
+
+def test_candidates_compile_together_and_are_timed_alone():
+    """Timed, the candidates are lowered and compiled in several threads at once; each is
+    timed only after all are ready, one at a time, so no other work runs under a trace."""
+    import threading
+    import time
+
+    p = program()
+    graphs = tuple(
+        dataclasses.replace(graph(swapped=i % 2 == 1), meta={"cost": {"us": float(i)}})
+        for i in range(4)
+    )
+    r = SearchResult(graphs, "exhausted", {})
+    events: list[tuple[str, float, float, str]] = []
+    lock = threading.Lock()
+    ref = fake_lower()
+
+    def lower(g, backend="pallas"):
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        with lock:
+            events.append(("lower", t0, time.perf_counter(), threading.current_thread().name))
+        return ref(g, backend)
+
+    def timer(fn, inputs):
+        t0 = time.perf_counter()
+        fn(*inputs(0))
+        events.append(("time", t0, time.perf_counter(), threading.current_thread().name))
+        return (10.0 if len(events) == 1 else 5.0), "fake"  # XLA is timed first
+
+    sel = select(r, p, top=None, timer=timer, lower=lower, verify_trials=1, compile_threads=4)
+    assert sel.best is not None and len(sel.passed) == 4, sel.contenders
+    lowers = [e for e in events if e[0] == "lower"]
+    times = [e for e in events if e[0] == "time"]
+    assert len(lowers) == 4 and len(times) == 5  # XLA and four µGraphs
+    assert len({e[3] for e in lowers}) > 1  # in several threads
+    assert times[0][2] <= min(e[1] for e in lowers)  # XLA first
+    assert max(e[2] for e in lowers) <= min(e[1] for e in times[1:])  # all ready before timing
+    assert all(a[2] <= b[1] for a, b in itertools.pairwise(times))  # one timing at a time
