@@ -399,7 +399,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="what to time beside jax.jit (default: %(default)s)",
     )
     p.add_argument("--calls", type=int, default=30, help="calls per profiler trace")
-    p.add_argument("--workers", type=int, default=8, help="mirage_jax.jit's search workers")
+    p.add_argument(
+        "--workers", type=int, default=None, help="search workers (default: mirage_jax.jit's)"
+    )
     p.add_argument("--out", default="experiments/results")
     p.add_argument(
         "--stop-after-s", type=float, default=None, help="start no row after this (one always runs)"
@@ -408,6 +410,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-only", action="store_true", help="build and check, time nothing")
     p.add_argument("--figure-only", action="store_true", help="redraw the figure from the JSON")
     args = p.parse_args(argv)
+    if args.workers is None:  # mirage_jax.jit's default, recorded as the number it is here
+        from mirage_jax.search.workers import default_workers
+
+        args.workers = default_workers()
     if not args.check_only and not args.figure_only and jax.default_backend() != "gpu":
         print("no GPU: --check-only (contenders built and checked, nothing timed)", flush=True)
         args.check_only = True

@@ -331,11 +331,31 @@ def verify(
     if key is not None and key in _MEMO:
         return _MEMO[key]
     v = _verify(a, b, trials, seed, field, target_bound, max_void_trials)
-    if key is not None:
-        if len(_MEMO) >= MEMO_SIZE:
-            _MEMO.pop(next(iter(_MEMO)))
-        _MEMO[key] = v
+    _keep(key, v)
     return v
+
+
+def remember(
+    a: Any,
+    b: Any,
+    verdict: Verdict,
+    *,
+    trials: int | None = None,
+    seed: int = 0,
+    target_bound: float = TARGET_BOUND,
+    max_void_trials: int = MAX_VOID_TRIALS,
+) -> None:
+    """Keep `verdict`, computed by `verify(a, b, ...)` with these arguments in another process
+    (a search worker), as this process's answer to that question."""
+    _keep(_memo_key(a, b, trials, seed, None, target_bound, max_void_trials), verdict)
+
+
+def _keep(key: tuple | None, v: Verdict) -> None:
+    if key is None:
+        return
+    if len(_MEMO) >= MEMO_SIZE:
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[key] = v
 
 
 def _verify(

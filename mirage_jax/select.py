@@ -32,6 +32,8 @@ from mirage_jax.lower.kernel_graph import WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.driver import SearchResult
+from mirage_jax.search.order import FAR_BEHIND as FAR_BEHIND
+from mirage_jax.search.order import timing_order
 
 
 class NotEqual(ValueError):
@@ -43,38 +45,9 @@ FLOAT_TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 5e-3, "float64": 1e-9
 float64 (f32 dots may run as TF32 on the GPU). `mirage_jax.jit` checks with these."""
 
 
-def timing_order(mugraphs: Sequence[MuGraph], top: int | None) -> list[tuple[int, MuGraph]]:
-    """The µGraphs to lower and time, with their ranks: the cost model's best of each structure
-    first (in the model's order), then the rest, `top` in all (None: all).
-
-    The model ranks tilings of one structure well and different structures less so (on the
-    H100, 2026-11-24, a split-KV decode attention it placed fifth ran 3.9 µs against 10.0 for
-    its first pick and 7.0 for XLA), so a few timings should see each structure once.
-    """
-    seen: set[Any] = set()
-    first: list[int] = []
-    for k, g in enumerate(mugraphs):
-        key = g.meta.get("structure", k)
-        if key not in seen:
-            seen.add(key)
-            first.append(k)
-    seen_ranks = set(first)
-    rest = [k for k in range(len(mugraphs)) if k not in seen_ranks]
-    order = first + rest
-    if top is not None:  # timed: none the model puts far behind its best (a one-block GEMV)
-        costs = [(mugraphs[k].meta.get("cost") or {}).get("us") for k in order]
-        best = min((c for c in costs if c is not None), default=None)
-        order = [k for k, c in zip(order, costs) if c is None or c <= FAR_BEHIND * best][:top]
-    return [(k, mugraphs[k]) for k in order]
-
-
 TUNED_WARPS = 8
 """The alternative to the backends' default of 4 warps that `select(tune_warps=True)` times
 (a [16, 1024] × [1024, 16] fp16 block GEMM: 20.6 µs with 4 warps, 14.9 with 8; H100)."""
-
-FAR_BEHIND = 8.0
-"""`timing_order` times no µGraph estimated slower than this multiple of the best estimate:
-the model errs by less than that in this direction (its misses are kernels it thinks fast)."""
 
 
 @dataclass(frozen=True)

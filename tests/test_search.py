@@ -511,3 +511,27 @@ def test_search_workers_exit_when_their_parent_is_killed():
     while running() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not running(), f"worker {worker} outlived its killed parent"
+
+
+@pytest.mark.parametrize("name", ["gqa_stable", "rmsnorm"])
+def test_the_mugraphs_select_times_are_the_ones_verified_at_full_size(name):
+    """`select` times `timing_order`'s first few; the search confirms exactly those at full
+    size (in parallel), so the selection verifies nothing again."""
+    from mirage_jax.select import timing_order
+
+    p, r = searched(name)
+    timed = timing_order(r.mugraphs, BUDGET.confirm)
+    assert timed
+    assert all(g.meta.get("verified") == "full" for _, g in timed), [
+        (k, g.meta.get("verified")) for k, g in timed
+    ]
+
+
+def test_full_size_verification_in_workers_gives_the_same_result():
+    p = region("gqa_stable")
+    one = search(p, budget=BUDGET, seed=0, progress=False, workers=1)
+    two = search(p, budget=BUDGET, seed=0, progress=False, workers=2)
+    assert [g.canonical_hash for g in one.mugraphs] == [g.canonical_hash for g in two.mugraphs]
+    assert [g.meta.get("verified") for g in one.mugraphs] == [
+        g.meta.get("verified") for g in two.mugraphs
+    ]

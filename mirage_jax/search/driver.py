@@ -17,7 +17,8 @@ The search of one region runs in phases (each timed in the statistics):
 3. numbers: every accepted structure is instantiated at full size over its candidate grids
    and loop ranges, checked against the target's limits and ranked by the cost model;
 4. confirm: the first candidates of the returned order (cost order, with the best of up to
-   two other kernel-level plans promoted behind the best: `_order`) are verified at full size.
+   two other kernel-level plans promoted behind the best: `order.return_order`) that `select`
+   will time (`order.timing_order`) are verified at full size, in parallel in the pool.
 
 The depth policy: once a task's smallest graph is found at depth d, it goes on to depth
 d + `Budget.extra_depth` only; depths beyond the smallest success overall plus that margin are
@@ -32,7 +33,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,10 +45,19 @@ from mirage_jax.search import cost as cost_model
 from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
+from mirage_jax.search.order import return_order, timing_order
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Structure, instantiate
-from mirage_jax.search.tasks import Problem, init_worker, prepare, run_keyed, run_task, tasks_of
-from mirage_jax.search.workers import pool_for, problem_blob
+from mirage_jax.search.tasks import (
+    Problem,
+    call_keyed,
+    init_worker,
+    prepare,
+    run_keyed,
+    run_task,
+    tasks_of,
+)  # fmt: skip
+from mirage_jax.search.workers import pool_for, problem_blob, shared_pool
 
 STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
 
@@ -168,13 +178,32 @@ def search(
         program: the region (a `lax_ir.Program`, e.g. `lax_ir.partition(p).regions[k].program`).
         budget: limits (`Budget()` by default).
         seed: makes verification (and so the result) reproducible.
-        workers: processes for the enumeration (1: in this process).
+        workers: processes for the enumeration, the numbers and the full-size verification
+            (1: in this process); one pool for all of its phases (and its kernel cuts).
         progress: a progress bar on stderr (None: only when stderr is a terminal).
         target: launch limits (a `mugraph.Target` or "h100"/"a100"/"mirage").
         device: the cost model's device.
 
     Raises SearchError (naming the op) for a region outside the fragment.
     """
+    with shared_pool():
+        return _search(
+            program, budget=budget, seed=seed, workers=workers, progress=progress,
+            target=target, device=device,
+        )  # fmt: skip
+
+
+def _search(
+    program: Program,
+    *,
+    budget: Budget | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    progress: bool | None = None,
+    target: Target | str = "h100",
+    device: cost_model.Device = cost_model.H100,
+) -> SearchResult:
+    """`search` inside its pool's block."""
     budget = budget or Budget()
     target = TARGETS[target] if isinstance(target, str) else target
     t_all = time.perf_counter()
@@ -247,10 +276,13 @@ def search(
     descriptions = []
     name = lambda c: f"d{c}({problem.sizes[c]})"  # noqa: E731
     best_one = None  # the cheapest instance without pre-defined kernels (seconds)
-    for rank, (depth, task_index, s, key) in enumerate(accepted):
+    keep = budget.numbers_per_structure
+    with pool_for(workers) as raw:  # the structures in parallel (the search's shared pool)
+        numbered = _call(raw, problem, _instances, [(a[2], target, device, keep) for a in accepted])
+    for rank, ((depth, task_index, s, key), found) in enumerate(zip(accepted, numbered)):
         desc = s.describe(name)
         descriptions.append(desc)
-        for g, c in _instances(problem, s, target, device, budget.numbers_per_structure):
+        for g, c in found:
             meta = dict(g.meta)
             meta.update(
                 structure=desc, cost=c.to_dict(), depth=depth, task=task_index,
@@ -279,7 +311,8 @@ def search(
     # confirm: full-size verification of the best
     t0 = time.perf_counter()
     confirm_by = cut_deadline - 0.1 * budget.time_s if math.isfinite(budget.time_s) else math.inf
-    kept, failed = _confirm(problem, instances, budget, confirm_by)
+    with pool_for(workers) as raw:
+        kept, failed = _confirm(problem, instances, budget, confirm_by, raw)
     seconds["verify_full"] = time.perf_counter() - t0
     stats["confirm_failed"] = failed
     seconds["total"] = time.perf_counter() - t_all
@@ -485,17 +518,34 @@ def _loop_tile_class(g: MuGraph) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _call(raw: Any, problem: Problem, fn: Callable[..., Any], args: list[tuple]) -> list:
+    """`[fn(problem, *a) for a in args]`, in the pool `raw` where there is one and more than
+    one job (`fn` a module-level function: it runs in the workers)."""
+    if raw is None or len(args) < 2:
+        return [fn(problem, *a) for a in args]
+    key, blob = problem_blob(problem)
+    return list(raw.map(functools.partial(call_keyed, key, blob, fn), *zip(*args)))
+
+
+def _verify_full(problem: Problem, g: MuGraph, trials: int | None) -> Any:
+    import fields
+
+    return fields.verify(g, problem.program, trials=trials, seed=problem.seed)
+
+
 def _confirm(
-    problem: Problem, instances, budget: Budget, deadline: float = float("inf")
+    problem: Problem, instances, budget: Budget, deadline: float = float("inf"), raw: Any = None
 ) -> tuple[list[MuGraph], int]:
     """Pick `budget.results` instances (the best of every structure first, then the next
-    cheapest), order them as returned (`_order`), verify the first `budget.confirm` of that
-    order at full size (a failure drops its structure and the next moves up), return them.
+    cheapest), order them as returned (`return_order`), verify at full size the first
+    `budget.confirm` that `select` will time (`timing_order`), all at once in the pool `raw`
+    (a failure drops its structure and the next moves up), return them.
 
     Once one is confirmed, no verification starts that would end past `deadline` (90% of
-    the search's budget; judged by the last one's time): at prefill sizes each takes seconds
+    the search's budget; judged by the last round's time): at prefill sizes each takes seconds
     (GPT-2 at b=8: 13 s). The rest stay verified on their small instance ("representative");
-    `select` verifies whatever it times at full size again."""
+    `select` verifies whatever it times at full size again. The verdicts are kept in this
+    process's memo (`fields.remember`), where `select` asks the same questions."""
     import fields
 
     firsts: dict[str, int] = {}
@@ -510,24 +560,28 @@ def _confirm(
     failed, last = 0, 0.0
     bad_keys: set[str] = set()
     while True:
-        order = _order([(i, instances[i][2]) for i in sorted(chosen)])
-        todo = next((i for i in order[: budget.confirm] if i not in checked), None)
-        if todo is None or (checked and time.monotonic() + last > deadline):
+        order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
+        timed = timing_order([instances[i][2] for i in order], budget.confirm)
+        todo = [order[k] for k, _ in timed if order[k] not in checked]
+        if not todo or (checked and time.monotonic() + last > deadline):
             break
-        g, key = instances[todo][2], instances[todo][3]
         t0 = time.monotonic()
-        v = fields.verify(g, problem.program, trials=budget.trials, seed=problem.seed)
+        graphs = [instances[i][2] for i in todo]
+        verdicts = _call(raw, problem, _verify_full, [(g, budget.trials) for g in graphs])
         last = time.monotonic() - t0
-        if v:
-            checked[todo] = dict(verified="full", bound=v.bound, trials=v.trials)
-            continue
-        failed += 1
-        bad_keys.add(key)
-        chosen = [i for i in chosen if instances[i][3] not in bad_keys]
-        while pool and len(chosen) < budget.results:
-            i = pool.pop(0)
-            if instances[i][3] not in bad_keys:
-                chosen.append(i)
+        for i, g, v in zip(todo, graphs, verdicts):
+            fields.remember(g, problem.program, v, trials=budget.trials, seed=problem.seed)
+            if v:
+                checked[i] = dict(verified="full", bound=v.bound, trials=v.trials)
+                continue
+            failed += 1
+            bad_keys.add(instances[i][3])
+        if bad_keys:
+            chosen = [i for i in chosen if instances[i][3] not in bad_keys]
+            while pool and len(chosen) < budget.results:
+                i = pool.pop(0)
+                if instances[i][3] not in bad_keys:
+                    chosen.append(i)
     kept = []
     for i in order:
         g = instances[i][2]
@@ -536,57 +590,6 @@ def _confirm(
             meta.update(checked.get(i, dict(verified="representative")))
         kept.append(MuGraph(g.ops, g.outputs, meta))
     return kept, failed
-
-
-def _signature(g: MuGraph) -> tuple:
-    """What a lowering sees of a µGraph: per kernel its grid, loop range and op names."""
-    return tuple(
-        (
-            op.block_graph.grid,
-            op.block_graph.forloop_range,
-            tuple(sorted(b.op for b in op.block_graph.ops)),
-        )
-        if op.block_graph is not None
-        else op.op
-        for op in g.ops
-        if op.op != "input"
-    )
-
-
-def _plan(g: MuGraph) -> tuple[str, ...]:
-    """The kernel-level plan of a µGraph: its pre-defined kernel ops (none: all fused)."""
-    return tuple(op.op for op in g.ops if op.op != "input" and op.block_graph is None)
-
-
-PLANS = 2  # other kernel-level plans promoted behind the best µGraph
-
-
-def _order(graphs: list[tuple[int, MuGraph]]) -> list[int]:
-    """The return order of cost-ordered (index, µGraph) pairs, as indices.
-
-    Cost order, except that (1) behind the best come the best µGraphs of up to `PLANS` other
-    kernel-level plans (`_plan`: e.g. a pre-defined GEMM then a fused epilogue, against one
-    fused kernel), whose relative cost the model knows least; (2) a µGraph whose kernels a
-    lowering would see as the same as an earlier one's (same grids, loop ranges, ops) waits
-    until every distinct one is listed. The first few, which `select` times, then differ.
-    """
-    seen: set[tuple] = set()
-    first, later = [], []
-    for i, g in graphs:
-        sig = _signature(g)
-        (later if sig in seen else first).append((i, g))
-        seen.add(sig)
-    ordered = first + later
-    head = ordered[:1]
-    plans = {_plan(g) for _, g in head}
-    for i, g in ordered[1:]:
-        if len(head) > PLANS:
-            break
-        if _plan(g) not in plans:
-            head.append((i, g))
-            plans.add(_plan(g))
-    promoted = {i for i, _ in head}
-    return [i for i, _ in head] + [i for i, _ in ordered if i not in promoted]
 
 
 def _message(kept, stop_reason: str, descriptions) -> str:

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -249,16 +250,26 @@ def init_worker(problem: Problem) -> None:
     _WORKER["problem"] = problem
 
 
-def run_keyed(key: str, blob: bytes, *args: Any) -> TaskOutcome:
-    """`run_task` in a pool worker: the problem arrives pickled with its key, and the worker
-    keeps the last few it has seen, with what their tasks built lazily (targets)."""
+def problem_of(key: str, blob: bytes) -> Problem:
+    """In a pool worker, the problem a job names: it arrives pickled with its key, and the
+    worker keeps the last few it has seen, with what their tasks built lazily (targets)."""
     problems = _WORKER.setdefault("problems", {})
     problem = problems.get(key)
     if problem is None:
         problem = problems[key] = pickle.loads(blob)
         while len(problems) > 4:
             problems.pop(next(iter(problems)))
-    return run_task(*args, problem=problem)
+    return problem
+
+
+def run_keyed(key: str, blob: bytes, *args: Any) -> TaskOutcome:
+    """`run_task` in a pool worker."""
+    return run_task(*args, problem=problem_of(key, blob))
+
+
+def call_keyed(key: str, blob: bytes, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(problem, *args)` in a pool worker (`fn` a module-level function)."""
+    return fn(problem_of(key, blob), *args)
 
 
 def _structure_key(problem: Problem, s: Structure) -> tuple[str, MuGraph | None]:

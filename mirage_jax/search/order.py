@@ -1,0 +1,94 @@
+"""The orders of a search's µGraphs: the order it returns them in, and the ones `select` times.
+
+`return_order`: the search's (cost order, other kernel-level plans and distinct kernels
+promoted); `timing_order`: the first of every structure, `top` in all. The search verifies at
+full size the ones `select` will time, so `select` finds their verdicts in the memo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mirage_jax.mugraph import MuGraph
+
+
+def timing_order(mugraphs: Sequence[MuGraph], top: int | None) -> list[tuple[int, MuGraph]]:
+    """The µGraphs to lower and time, with their ranks: the cost model's best of each structure
+    first (in the model's order), then the rest, `top` in all (None: all).
+
+    The model ranks tilings of one structure well and different structures less so (on the
+    H100, 2026-11-24, a split-KV decode attention it placed fifth ran 3.9 µs against 10.0 for
+    its first pick and 7.0 for XLA), so a few timings should see each structure once.
+    """
+    seen: set[Any] = set()
+    first: list[int] = []
+    for k, g in enumerate(mugraphs):
+        key = g.meta.get("structure", k)
+        if key not in seen:
+            seen.add(key)
+            first.append(k)
+    seen_ranks = set(first)
+    rest = [k for k in range(len(mugraphs)) if k not in seen_ranks]
+    order = first + rest
+    if top is not None:  # timed: none the model puts far behind its best (a one-block GEMV)
+        costs = [(mugraphs[k].meta.get("cost") or {}).get("us") for k in order]
+        best = min((c for c in costs if c is not None), default=None)
+        order = [k for k, c in zip(order, costs) if c is None or c <= FAR_BEHIND * best][:top]
+    return [(k, mugraphs[k]) for k in order]
+
+
+FAR_BEHIND = 8.0
+"""`timing_order` times no µGraph estimated slower than this multiple of the best estimate:
+the model errs by less than that in this direction (its misses are kernels it thinks fast)."""
+
+
+def signature(g: MuGraph) -> tuple:
+    """What a lowering sees of a µGraph: per kernel its grid, loop range and op names."""
+    return tuple(
+        (
+            op.block_graph.grid,
+            op.block_graph.forloop_range,
+            tuple(sorted(b.op for b in op.block_graph.ops)),
+        )
+        if op.block_graph is not None
+        else op.op
+        for op in g.ops
+        if op.op != "input"
+    )
+
+
+def plan(g: MuGraph) -> tuple[str, ...]:
+    """The kernel-level plan of a µGraph: its pre-defined kernel ops (none: all fused)."""
+    return tuple(op.op for op in g.ops if op.op != "input" and op.block_graph is None)
+
+
+PLANS = 2  # other kernel-level plans promoted behind the best µGraph
+
+
+def return_order(graphs: list[tuple[int, MuGraph]]) -> list[int]:
+    """The return order of cost-ordered (index, µGraph) pairs, as indices.
+
+    Cost order, except that (1) behind the best come the best µGraphs of up to `PLANS` other
+    kernel-level plans (`plan`: e.g. a pre-defined GEMM then a fused epilogue, against one
+    fused kernel), whose relative cost the model knows least; (2) a µGraph whose kernels a
+    lowering would see as the same as an earlier one's (same grids, loop ranges, ops) waits
+    until every distinct one is listed. The first few, which `select` times, then differ.
+    """
+    seen: set[tuple] = set()
+    first, later = [], []
+    for i, g in graphs:
+        sig = signature(g)
+        (later if sig in seen else first).append((i, g))
+        seen.add(sig)
+    ordered = first + later
+    head = ordered[:1]
+    plans = {plan(g) for _, g in head}
+    for i, g in ordered[1:]:
+        if len(head) > PLANS:
+            break
+        if plan(g) not in plans:
+            head.append((i, g))
+            plans.add(plan(g))
+    promoted = {i for i, _ in head}
+    return [i for i, _ in head] + [i for i, _ in ordered if i not in promoted]
