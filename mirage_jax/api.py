@@ -393,7 +393,7 @@ class MirageJit:
         found = {r.index: resolver.lookup(r) for r in pending}
         misses = [r for r in pending if found[r.index] is None]
         if misses and self.opts.search == "auto":
-            from tqdm.auto import tqdm
+            from mirage_jax.progress import progress_bar
 
             progress = self.opts.progress
             disable = None if progress is None else not progress  # None: only on a terminal
@@ -402,7 +402,7 @@ class MirageJit:
             # One pool of search workers for all of this call's regions; the searches run
             # ahead in a background thread while each searched region is selected here.
             with shared_pool(), SearchAhead([r.program for r in misses], self.opts) as ahead:
-                bar = tqdm(misses, desc="mirage_jax search", unit="region", disable=disable)
+                bar = progress_bar(misses, desc="mirage_jax search", unit="region", disable=disable)
                 for region, searched in zip(bar, ahead.futures):
                     avals = region_avals(part, region)
                     found[region.index] = resolver.search(region, avals, searched)

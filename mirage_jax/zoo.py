@@ -321,8 +321,7 @@ def run(
     regions are only selected; `stop_after_search`: search only (the results are in
     `Report.search_results`, nothing is selected or stored).
     """
-    from tqdm.auto import tqdm
-
+    from mirage_jax.progress import progress_bar
     from mirage_jax.regions import SearchOutcome
     from mirage_jax.resolve import Resolver
 
@@ -344,7 +343,7 @@ def run(
     opts = owner.opts
     task_opts = type(opts)(**(opts.kwargs() | {"workers": 1, "progress": False}))
     disable = None if progress is None else not progress
-    bar = tqdm(total=len(the_plan.regions), desc="mirage_jax optimize", unit="region",
+    bar = progress_bar(total=len(the_plan.regions), desc="mirage_jax optimize", unit="region",
                disable=disable, initial=len(results))  # fmt: skip
     cached = sum(r.source == "cache" for r in results.values())
     counts = {"searched": 0, "timed": 0, "cached": cached, "failed": 0}

@@ -92,3 +92,30 @@ def test_notebook_runs(path, kernel, tmp_path):
     assert not errors
     if not path.name.startswith("01"):  # 01 draws only when a kernel is chosen
         assert _pictures(nb) >= 1, f"{path.name} shows no picture"
+
+
+def test_a_saved_progress_bar_shows_its_final_state(kernel, tmp_path):
+    """Executed headless, a notebook's progress bar is saved with its final text ("3/3"), not
+    the widget's starting "0%" (`mirage_jax.progress`); a bar that goes away leaves no text."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "from mirage_jax.progress import progress_bar\n"
+            "for _ in progress_bar(range(3), desc='regions'):\n"
+            "    pass\n"
+            "bar = progress_bar(total=2, desc='tasks', leave=False)\n"
+            "bar.update(2)\n"
+            "bar.close()"
+        )
+    ]
+    km = AsyncKernelManager(kernel_name=kernel, transport="ipc", ip=str(tmp_path / "kernel-ipc"))
+    client = nbclient.NotebookClient(
+        nb, km=km, timeout=300, kernel_name=kernel, resources={"metadata": {"path": str(ROOT)}}
+    )
+    client.execute()
+    texts = [o["data"].get("text/plain", "") for o in nb.cells[0].outputs if "data" in o]
+    assert len(texts) == 2, nb.cells[0].outputs
+    assert "100%" in texts[0] and "3/3" in texts[0], texts
+    assert texts[1] == "", texts

@@ -610,6 +610,8 @@ def _progress_bar(progress: bool | None, total: int):
     if not progress:
         return None
     # tqdm.auto: a widget in Jupyter, text on a terminal (as mirage_jax.jit's own bar)
-    from tqdm.auto import tqdm
+    from mirage_jax.progress import progress_bar
 
-    return tqdm(total=total, desc="µGraph search", unit="task", file=sys.stderr, leave=False)
+    return progress_bar(
+        total=total, desc="µGraph search", unit="task", file=sys.stderr, leave=False
+    )
