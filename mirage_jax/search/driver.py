@@ -33,7 +33,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,14 +43,13 @@ from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import predefined as pre_mod
+from mirage_jax.search.confirm import call, confirm
 from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
-from mirage_jax.search.order import return_order, timing_order
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Structure, instantiate
 from mirage_jax.search.tasks import (
     Problem,
-    call_keyed,
     init_worker,
     prepare,
     run_keyed,
@@ -278,7 +277,7 @@ def _search(
     best_one = None  # the cheapest instance without pre-defined kernels (seconds)
     keep = budget.numbers_per_structure
     with pool_for(workers) as raw:  # the structures in parallel (the search's shared pool)
-        numbered = _call(raw, problem, _instances, [(a[2], target, device, keep) for a in accepted])
+        numbered = call(raw, problem, _instances, [(a[2], target, device, keep) for a in accepted])
     for rank, ((depth, task_index, s, key), found) in enumerate(zip(accepted, numbered)):
         desc = s.describe(name)
         descriptions.append(desc)
@@ -312,7 +311,7 @@ def _search(
     t0 = time.perf_counter()
     confirm_by = cut_deadline - 0.1 * budget.time_s if math.isfinite(budget.time_s) else math.inf
     with pool_for(workers) as raw:
-        kept, failed = _confirm(problem, instances, budget, confirm_by, raw)
+        kept, failed = confirm(problem, instances, budget, confirm_by, raw)
     seconds["verify_full"] = time.perf_counter() - t0
     stats["confirm_failed"] = failed
     seconds["total"] = time.perf_counter() - t_all
@@ -516,80 +515,6 @@ def _loop_tile_class(g: MuGraph) -> tuple[int, ...]:
         )
         out.append(n.bit_length())
     return tuple(out)
-
-
-def _call(raw: Any, problem: Problem, fn: Callable[..., Any], args: list[tuple]) -> list:
-    """`[fn(problem, *a) for a in args]`, in the pool `raw` where there is one and more than
-    one job (`fn` a module-level function: it runs in the workers)."""
-    if raw is None or len(args) < 2:
-        return [fn(problem, *a) for a in args]
-    key, blob = problem_blob(problem)
-    return list(raw.map(functools.partial(call_keyed, key, blob, fn), *zip(*args)))
-
-
-def _verify_full(problem: Problem, g: MuGraph, trials: int | None) -> Any:
-    import fields
-
-    return fields.verify(g, problem.program, trials=trials, seed=problem.seed)
-
-
-def _confirm(
-    problem: Problem, instances, budget: Budget, deadline: float = float("inf"), raw: Any = None
-) -> tuple[list[MuGraph], int]:
-    """Pick `budget.results` instances (the best of every structure first, then the next
-    cheapest), order them as returned (`return_order`), verify at full size the first
-    `budget.confirm` that `select` will time (`timing_order`), all at once in the pool `raw`
-    (a failure drops its structure and the next moves up), return them.
-
-    Once one is confirmed, no verification starts that would end past `deadline` (90% of
-    the search's budget; judged by the last round's time): at prefill sizes each takes seconds
-    (GPT-2 at b=8: 13 s). The rest stay verified on their small instance ("representative");
-    `select` verifies whatever it times at full size again. The verdicts are kept in this
-    process's memo (`fields.remember`), where `select` asks the same questions."""
-    import fields
-
-    firsts: dict[str, int] = {}
-    for i, (_, _, _, key) in enumerate(instances):
-        firsts.setdefault(key, i)
-    primary = sorted(firsts.values())
-    taken = set(primary)
-    pool = primary + [i for i in range(len(instances)) if i not in taken]
-    chosen = pool[: budget.results]
-    pool = pool[budget.results :]
-    checked: dict[int, dict] = {}  # index -> the full verification's record
-    failed, last = 0, 0.0
-    bad_keys: set[str] = set()
-    while True:
-        order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
-        timed = timing_order([instances[i][2] for i in order], budget.confirm)
-        todo = [order[k] for k, _ in timed if order[k] not in checked]
-        if not todo or (checked and time.monotonic() + last > deadline):
-            break
-        t0 = time.monotonic()
-        graphs = [instances[i][2] for i in todo]
-        verdicts = _call(raw, problem, _verify_full, [(g, budget.trials) for g in graphs])
-        last = time.monotonic() - t0
-        for i, g, v in zip(todo, graphs, verdicts):
-            fields.remember(g, problem.program, v, trials=budget.trials, seed=problem.seed)
-            if v:
-                checked[i] = dict(verified="full", bound=v.bound, trials=v.trials)
-                continue
-            failed += 1
-            bad_keys.add(instances[i][3])
-        if bad_keys:
-            chosen = [i for i in chosen if instances[i][3] not in bad_keys]
-            while pool and len(chosen) < budget.results:
-                i = pool.pop(0)
-                if instances[i][3] not in bad_keys:
-                    chosen.append(i)
-    kept = []
-    for i in order:
-        g = instances[i][2]
-        meta = dict(g.meta)
-        if meta.get("verified") != "full":
-            meta.update(checked.get(i, dict(verified="representative")))
-        kept.append(MuGraph(g.ops, g.outputs, meta))
-    return kept, failed
 
 
 def _message(kept, stop_reason: str, descriptions) -> str:
