@@ -118,31 +118,38 @@ def assemble(program: Any, part: Any, replacements: Mapping[int, Callable]) -> A
     chosen: dict[int, tuple[list[Place], list[Place]]] = {}
     skipped: dict[int, str] = {}
     calls: dict[int, Callable] = {}
-    for k in sorted(replacements):
+    made: set[int] = set()  # nodes with no place that a kernel chosen so far computes
+    for k in sorted(replacements):  # regions in program order: producers first
         region = part.regions[k]
-        derived = _derive(program, region.inputs, origins)
+        derived = _derive(program, region.inputs, origins, made)
         if derived is None:
             skipped[k] = "a value the region reads has no place in the traced jaxpr"
             continue
         anchors, prepare = derived
-        ins = [_choose(origins[i], True) for i in anchors]
-        outs = [_choose(origins[o], False) for o in region.outputs]
-        if None in ins or None in outs or any(o[0] == "in" for o in outs):
+        ins = [_choose(origins[i], True) or _made(i, made) for i in anchors]
+        # an output with no place (a value the capture's normalisation made, such as the
+        # [N, 1] matmul behind an equinox vmapped Linear) gets one of its own, which later
+        # kernels read (`made`); XLA's equations read the places they always had
+        outs = [_choose(origins[o], False) or ("node", o) for o in region.outputs]
+        if None in ins or any(o[0] == "in" for o in outs):
             skipped[k] = "a value of the region has no place in the traced jaxpr"
             continue
         chosen[k] = (ins, outs)
+        made.update(o for o, p in zip(region.outputs, outs) if p[0] == "node")
         calls[k] = lambda *vals, f=replacements[k], prep=prepare: f(*prep(vals))
     inline = {
         p[0][:j]
         for ins, outs in chosen.values()
         for p in (*ins, *outs)
-        if p[0] != "in"
+        if p[0] not in ("in", "node")
         for j in range(1, len(p[0]))
     }
     flat = _Flattener(inline)
     top_in = [((), id(v)) for v in closed.jaxpr.invars]
     for k, key in enumerate(top_in):
         flat.place[("in", k)] = key
+    for o in made:
+        flat.place[("node", o)] = ("node", o)
     top_out = flat.run(closed, (), None)
     ops = flat.ops
     producer: dict[Key, int] = {}
@@ -164,15 +171,22 @@ MAX_DERIVED = 8
 """At most this many Program nodes are re-evaluated to derive a region input with no place."""
 
 
+def _made(node: int, made: set[int]) -> Place | None:
+    """The place of a node with none in the jaxpr that an earlier kernel computes."""
+    return ("node", node) if node in made else None
+
+
 def _derive(
-    program: Any, inputs: Sequence[int], origins: Sequence[frozenset]
+    program: Any, inputs: Sequence[int], origins: Sequence[frozenset], made: set[int] = frozenset()
 ) -> tuple[list[int], Callable[[Sequence[Any]], list[Any]]] | None:
     """The placed values a region's inputs come from, and how to compute the inputs from them.
 
     An input the capture's normalisation made (the 0/-inf fill of a mask folded into an
     additive mask, a layout of a value) has no place in the jaxpr; it is recomputed from the
     nearest placed values by evaluating the few Program nodes between (XLA fuses them into
-    the kernel's producer). None if that needs more than `MAX_DERIVED` nodes or a program input.
+    the kernel's producer). A node in `made` (one an earlier kernel computes, with a place of
+    its own) is read from there. None if that needs more than `MAX_DERIVED` nodes or a program
+    input.
     """
     from lax_ir.interpret import FloatAlgebra, eval_node
 
@@ -184,7 +198,7 @@ def _derive(
         x = stack.pop()
         if x in steps or x in anchors:
             continue
-        if origins[x] and (nodes[x].op != "constant" or x in inputs):
+        if (origins[x] and (nodes[x].op != "constant" or x in inputs)) or x in made:
             anchors.append(x)
             continue
         if nodes[x].op == "input" or len(steps) >= MAX_DERIVED:
