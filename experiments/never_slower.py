@@ -50,7 +50,7 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, str]]:
 
     out = []
     for batch in args.batches:
-        for name in args.names or benchmarks.names():
+        for name in benchmarks.names() if args.names is None else args.names:
             bm = benchmarks.get(name, batch)
             out.append((bm.key, bm.fn, bm.make_inputs, str(np.dtype(bm.inputs[0].dtype))))
     names = M.names() if args.models == ["all"] else (args.models or [])
@@ -156,7 +156,9 @@ def markdown(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--names", nargs="*", default=None, help="benchmarks (default: all)")
+    p.add_argument(
+        "--names", nargs="*", default=None, help="benchmarks (default: all; `--names` alone: none)"
+    )
     p.add_argument("--batches", nargs="*", type=int, default=[1, 8, 16])
     p.add_argument("--models", nargs="*", default=[], help="model names, or 'all'")
     p.add_argument("--sizes", nargs="*", default=["realistic"])

@@ -16,6 +16,7 @@ from typing import Any
 from lax_ir.partition import n_ops
 from mirage_jax.api import MirageJit, RegionDecision, TraceRecord, device_kind, has_gpu
 from mirage_jax.log import search_summary
+from mirage_jax.lower import backends
 
 PROGRAM_LISTING_MAX_NODES = 60
 
@@ -198,8 +199,9 @@ def explain(
     record = f.last
     assert record is not None
     effective = f.opts.backend
-    if effective == "auto":
-        effective = "auto → pallas" if has_gpu() else "auto → xla (no GPU)"
+    if effective == "auto":  # what auto resolved to here (`backends.resolve`), and why not
+        name, why = backends.resolve("auto", has_gpu())
+        effective = f"auto → {name}" if name else f"auto → xla ({why})"
     return Explanation(
         record=record,
         device=device_kind(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -46,3 +47,25 @@ def test_a_fitting_jax_triton_is_the_gpu_default(monkeypatch):
     assert backends.jax_triton_problem() is None
     assert backends.gpu_default() == "triton"
     assert backends.get("triton").available(has_gpu=True) == (True, "")
+
+
+def test_explain_names_what_auto_resolved_to(monkeypatch, tmp_path):
+    """`explain`'s header says the backend auto chose here (it said pallas on every GPU)."""
+    import importlib
+
+    import jax.numpy as jnp
+
+    import mirage_jax
+
+    explain_mod = importlib.import_module("mirage_jax.explain")  # the module, not the function
+
+    monkeypatch.setattr(explain_mod, "has_gpu", lambda: True)
+    triton = explain_mod.backends.BACKENDS["triton"]  # as if jax-triton were installed and fit
+    fits = dataclasses.replace(triton, requires=(), problem=None)
+    monkeypatch.setitem(explain_mod.backends.BACKENDS, "triton", fits)
+    x = jnp.ones((2, 8), jnp.float32)
+    e = mirage_jax.explain(lambda x: x * 2.0, x, cache=tmp_path / "c.sqlite", search="off")
+    assert e.backend == "auto → triton"
+    monkeypatch.setattr(explain_mod, "has_gpu", lambda: False)
+    e = mirage_jax.explain(lambda x: x * 2.0, x, cache=tmp_path / "c.sqlite", search="off")
+    assert e.backend.startswith("auto → xla (no GPU")

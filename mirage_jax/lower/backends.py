@@ -148,9 +148,10 @@ def gpu_default() -> str:
     benchmarks (attention at b=8/16 by 1.5-1.7x); Pallas is the fallback when jax-triton is
     not installed (the `gpu` extra).
     """
-    if BACKENDS["triton"].missing():
+    triton = BACKENDS["triton"]
+    if triton.missing():
         return "pallas"
-    problem = BACKENDS["triton"].problem()
+    problem = triton.problem() if triton.problem is not None else None
     if problem:
         from mirage_jax._env import warn_once
 
