@@ -36,7 +36,13 @@ from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.assemble import assemble
 from mirage_jax.cache import Cache, lib_version, make_key
-from mirage_jax.function_check import FUNCTION_CHECK, FunctionCheck, best_subset, kernels_key
+from mirage_jax.function_check import (
+    FUNCTION_CHECK,
+    FunctionCheck,
+    best_subset,
+    kernels_key,
+    marginal,
+)  # fmt: skip
 from mirage_jax.function_check import measure as measure_function
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
@@ -246,17 +252,23 @@ class MirageJit:
         check = None
         if run is not None and self.opts.function_check and backends.get(backend).needs_gpu:
             check = self._function_check(program, decisions, asm.fn, backend)
-            if check is not None and check.choice == "xla":
-                kept = self._kept_kernels(program, part, decisions, replacements, backend, check)
+            # all kernels lost: the subset that wins, if any; all won: without the marginal
+            # ones, if that is faster still (`function_check.best_subset`)
+            suspects = marginal(decisions) if check is not None else []
+            if check is not None and (check.choice == "xla" or suspects):
                 kernels = [d.index for d in decisions if d.status == "kernel"]
+                kept = self._kept_kernels(
+                    program, part, decisions, replacements, backend, check, suspects
+                )
                 if kept is None:
                     reasons = dict.fromkeys(kernels, check.reason)
                     run = None
                 else:
-                    subset, check, asm = kept
+                    subset, check, better = kept
                     why = f"left out by the whole-function check: {check.reason}"
                     reasons = {k: why for k in kernels if k not in subset}
-                    run = lax_ir.as_function(program, asm.fn)
+                    if better is not None:
+                        run = lax_ir.as_function(program, better.fn)
                 decisions = self._demote(part, decisions, reasons)
         for d in decisions:
             logger.info("%s", region_line(name, d))
@@ -294,10 +306,11 @@ class MirageJit:
         replacements: Mapping[int, Callable],
         backend: str,
         full: FunctionCheck,
+        suspects: Sequence[int] = (),
     ) -> tuple[frozenset[int], FunctionCheck, Any] | None:
-        """The kernels to keep when all of them lost the whole-function check, with their check
-        and assembly (`function_check.best_subset`; each subset's check cached like the full
-        one)."""
+        """The kernels to keep after the whole-function check of all of them (`full`), with
+        their check and assembly (None: all of them, already assembled)
+        (`function_check.best_subset`; each subset's check cached like the full one)."""
         kernel = {d.index: d for d in decisions if d.status == "kernel"}
         assembled: dict[frozenset[int], Any] = {}
 
@@ -309,8 +322,8 @@ class MirageJit:
                 program, [kernel[k] for k in subset], asm.fn, backend, xla_us=full.xla_us
             )
 
-        kept = best_subset(sorted(kernel), check, full)
-        return None if kept is None else (*kept, assembled[kept[0]])
+        kept = best_subset(sorted(kernel), check, full, suspects=suspects)
+        return None if kept is None else (*kept, assembled.get(kept[0]))
 
     def _function_check(
         self,

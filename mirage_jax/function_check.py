@@ -101,23 +101,52 @@ def measure(
     )
 
 
+MARGINAL_US = 0.5
+MARGINAL_FRACTION = 0.10
+"""A kernel that beats XLA on its region alone by less than this (µs, or fraction of XLA's
+time) is a suspect: its cut may cost XLA a fusion with its neighbours worth more than that
+(equinox b=1 on the H100, 2026-11-25: a 1.06 against 1.12 µs kernel beside four others)."""
+
+KEEP_ALL_TIE = 0.01
+"""Where all kernels win, a subset replaces them only if faster by more than this fraction."""
+
+
+def marginal(decisions: Sequence[Any]) -> list[int]:
+    """The kernels (region indices) whose region-level win is marginal (`MARGINAL_US`,
+    `MARGINAL_FRACTION`), from the times their selection measured."""
+    out = []
+    for d in decisions:
+        t = d.timings or {}
+        mine, xla = t.get("mugraph_us"), t.get("xla_us")
+        if d.status != "kernel" or mine is None or xla is None:
+            continue
+        if xla - mine < max(MARGINAL_US, MARGINAL_FRACTION * xla):
+            out.append(d.index)
+    return out
+
+
 def best_subset(
     kernels: Sequence[int],
     check: Callable[[frozenset[int]], FunctionCheck | None],
     full: FunctionCheck,
     max_tries: int = 6,
+    suspects: Sequence[int] = (),
 ) -> tuple[frozenset[int], FunctionCheck] | None:
-    """The set of kernels (region indices) to keep when all of them together lost the check.
+    """The set of kernels (region indices) to keep, given the check of all of them (`full`).
 
     Kernels that win their regions can lose the whole function (a cut costs XLA a fusion
     across it). One round of leave-one-out over at most `max_tries` kernels, then the set
     without every kernel whose removal helped; the fastest measured set that beats jax.jit
-    wins. `check(subset)` measures (or recalls) one set; None: it could not run. None: no
-    set wins, or the values differ (`full.mismatch`: no subset is trusted), so all run as XLA.
+    wins. Where all of them won, only the `suspects` (`marginal`) are tried, and a subset
+    must beat the full set by `KEEP_ALL_TIE`. `check(subset)` measures (or recalls) one set;
+    None: it could not run. None: no set wins, or the values differ (`full.mismatch`: no
+    subset is trusted), so all run as XLA.
     """
     everything = frozenset(kernels)
     if full.choice == "kernels":
-        return everything, full
+        return _without_suspects(
+            everything, check, full, [k for k in suspects if k in everything][:max_tries]
+        )
     if full.mismatch is not None or len(everything) < 2 or full.kernels_us is None:
         return None
     measured: dict[frozenset[int], FunctionCheck] = {}
@@ -170,3 +199,38 @@ def compare(got: Any, want: Any) -> str | None:
         if err > tol * scale:
             return f"output {k}: max error {err:.3g} against a tolerance of {tol * scale:.3g}"
     return None
+
+
+def _without_suspects(
+    everything: frozenset[int],
+    check: Callable[[frozenset[int]], FunctionCheck | None],
+    full: FunctionCheck,
+    suspects: Sequence[int],
+) -> tuple[frozenset[int], FunctionCheck]:
+    """All kernels won: leave each suspect out, then all that helped; a subset faster than
+    all of them by `KEEP_ALL_TIE` replaces them."""
+    if not suspects or len(everything) < 2 or full.kernels_us is None:
+        return everything, full
+    measured: dict[frozenset[int], FunctionCheck] = {}
+    for k in suspects:
+        c = check(everything - {k})
+        if c is not None and c.mismatch is None and c.kernels_us is not None:
+            measured[everything - {k}] = c
+    helped = [k for k in suspects if (c := measured.get(everything - {k})) is not None
+              and c.kernels_us < full.kernels_us]  # fmt: skip
+    rest = everything - set(helped)
+    if len(helped) > 1 and rest and rest not in measured:
+        c = check(rest)
+        if c is not None and c.mismatch is None and c.kernels_us is not None:
+            measured[rest] = c
+    best = min(
+        (
+            (c.kernels_us, sorted(sub), sub, c)
+            for sub, c in measured.items()
+            if c.choice == "kernels"
+        ),
+        default=None,
+    )
+    if best is None or best[0] >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
+        return everything, full
+    return best[2], best[3]

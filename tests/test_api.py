@@ -587,3 +587,46 @@ def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
     chosen = {h for _, h, _ in selected}
     assert [h for _, h, _ in selected] == [h for _, h, _ in searched if h in chosen]
     assert selected, "no region had a µGraph to select"
+
+
+@pytest.mark.parametrize(("full_us", "why"), [(10.0, "marginal"), (13.0, "lost")])
+def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, full_us, why):
+    """The wiring of `function_check.best_subset` in `jit`: all kernels together win (10 µs
+    against jax.jit's 12) but one of them is marginal, or they lose (13 µs); without the last
+    kernel the function takes 9 µs, so that kernel is left out, with the reason, and the
+    function still computes what jax.jit does. (Checks faked: no GPU here.)"""
+    from types import SimpleNamespace
+
+    import mirage_jax.api as api
+    from mirage_jax.function_check import FunctionCheck
+
+    def two_regions(x, w1, w2):
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        y = (h @ w1).reshape(x.shape[0], 2, -1).transpose(1, 0, 2).reshape(x.shape[0] * 2, -1)
+        return jnp.tanh(y @ w2)
+
+    asked: list[frozenset[int]] = []
+
+    def fake_check(self, program, decisions, flat, backend, xla_us=None):
+        kernels = frozenset(d.index for d in decisions if d.status == "kernel")
+        asked.append(kernels)
+        us = full_us if len(asked) == 1 else (9.0 if len(kernels) == 1 else 14.0)
+        return FunctionCheck("kernels" if us < 12.0 else "xla", us, 12.0, "fake")
+
+    monkeypatch.setattr(
+        api, "backends", SimpleNamespace(get=lambda n: SimpleNamespace(needs_gpu=True))
+    )
+    monkeypatch.setattr(api.MirageJit, "_function_check", fake_check)
+    monkeypatch.setattr(
+        api, "marginal", lambda ds: [max(d.index for d in ds if d.status == "kernel")]
+    )
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 32), (32, 64), (32, 16))]
+    f = mirage_jax.jit(two_regions, backend="reference", cache=tmp_path / "c.sqlite", workers=1)
+    assert_close(f(*xs), jax.jit(two_regions)(*xs))
+    kernels = [d for d in f.last.decisions if d.status == "kernel"]
+    left = [d for d in f.last.decisions if "left out by the whole-function check" in d.reason]
+    assert len(kernels) == 1 and len(left) == 1, f.last.decisions
+    assert left[0].index > kernels[0].index  # the last kernel was the one left out
+    assert f.last.function_check.kernels_us == 9.0
+    assert len(asked[0]) == 2

@@ -98,3 +98,38 @@ def test_leave_one_out_is_capped() -> None:
     full = FunctionCheck("xla", 55.0, 50.0, "fake")
     assert best_subset(kernels, _fake(t, 50.0, calls), full, max_tries=4) is None
     assert len(calls) == 4
+
+
+def test_a_marginal_kernel_that_costs_the_winning_function_is_left_out() -> None:
+    """All kernels win, but the one that wins its region by a hair (a suspect) costs XLA a
+    fusion: without it the function is faster by more than `KEEP_ALL_TIE`."""
+    t = {frozenset({0, 1}): 35.0, frozenset({0, 2}): 37.5}
+    calls: list = []
+    full = FunctionCheck("kernels", 37.2, 39.3, "fake")
+    subset, c = best_subset([0, 1, 2], _fake(t, 39.3, calls), full, suspects=[2])
+    assert subset == frozenset({0, 1}) and c.kernels_us == 35.0
+    assert calls == [frozenset({0, 1})]  # only the suspect was left out
+    # within the tie, all kernels stay
+    t = {frozenset({0, 1}): 37.0}
+    assert best_subset([0, 1, 2], _fake(t, 39.3, []), full, suspects=[2]) == (
+        frozenset({0, 1, 2}),
+        full,
+    )
+
+
+def test_marginal_kernels_come_from_their_region_times() -> None:
+    from types import SimpleNamespace
+
+    from mirage_jax.function_check import marginal
+
+    def d(i, status, mine, xla):
+        return SimpleNamespace(index=i, status=status, timings={"mugraph_us": mine, "xla_us": xla})
+
+    ds = [
+        d(0, "kernel", 3.44, 7.35),  # a clear win
+        d(1, "kernel", 1.06, 1.12),  # 0.06 µs: marginal
+        d(2, "kernel", 40.0, 43.0),  # 3 µs but 7%: marginal
+        d(3, "xla", 1.0, 2.0),  # not a kernel
+        SimpleNamespace(index=4, status="kernel", timings=None),  # not timed (no GPU)
+    ]
+    assert marginal(ds) == [1, 2]
