@@ -98,6 +98,7 @@ def measure(
                 "search_s": t.get("search_s"),
                 "select_s": t.get("select_s"),
                 "select_phases_s": t.get("select_phases_s"),
+                "search_phases_s": t.get("search_phases_s"),
                 "structure": None if dcs.mugraph is None else dcs.mugraph.meta.get("structure"),
             }
         )

@@ -70,6 +70,13 @@ def search_summary(t: Mapping[str, Any] | None) -> str:
     if not isinstance(t.get("search_s"), (int, float)):
         return ""
     line = f"search: {t['search_s']:.1f} s"
+    phases = t.get("search_phases_s") or {}
+    slow = sorted(
+        ((v, k) for k, v in phases.items() if k != "total" and isinstance(v, (int, float))),
+        reverse=True,
+    )[:2]
+    if slow and slow[0][0] >= 1.0:  # where a search of seconds spent them
+        line += " (" + ", ".join(f"{k} {v:.1f} s" for v, k in slow if v >= 0.1) + ")"
     if t.get("stop"):  # entries stored before it was recorded have none
         line += f", {STOPS.get(str(t['stop']), str(t['stop']))}"
     line += f": {t['search']}" if t.get("search") else ""

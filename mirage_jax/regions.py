@@ -222,6 +222,7 @@ def select_searched(
         "search_s": result.stats.get("search_s"),
         "select_s": round(time.perf_counter() - t0, 2),
         "select_phases_s": {k: round(v, 2) for k, v in sel.extra.get("phases", {}).items()},
+        "search_phases_s": dict(result.stats.get("seconds", {})),
         "candidates": len(sel.contenders[1:]),  # µGraphs lowered and checked (XLA is [0])
         "timed": sum(c.us is not None for c in sel.contenders[1:]),
     }

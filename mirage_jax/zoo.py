@@ -266,7 +266,7 @@ class Report:
         return "\n".join(lines)
 
 
-WALL_CLOCK = ("search_s", "select_s", "select_phases_s")
+WALL_CLOCK = ("search_s", "select_s", "select_phases_s", "search_phases_s")
 """Timings of an entry that are seconds of wall clock, not choices."""
 
 

@@ -60,6 +60,10 @@ def test_info_gives_the_search_stop_reason_candidates_and_times(caplog, tmp_path
         "search: 9.0 s, the time budget ran out; selection: 2.0 s, 4 candidates checked, "
         "4 timed against XLA"
     )
+    phases = {"enumerate": 8.6, "numbers": 18.3, "verify_full": 56.6, "total": 81.5}
+    assert log.search_summary({**timed, "search_phases_s": phases}).startswith(
+        "search: 9.0 s (verify_full 56.6 s, numbers 18.3 s), the time budget ran out"
+    )
 
 
 def test_the_environment_switches_it_on(monkeypatch) -> None:
