@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 
 from experiments import benchmarks as B
-from experiments.reproduce import rel_err
+from experiments.errors import max_rel_error as rel_err
 from mirage_jax import profile
 from mirage_jax.lower import lower
 from mirage_jax.mugraph.mirage_import import load_mirage_checkpoint

@@ -165,14 +165,15 @@ def method(calls: int | None, workers: int) -> str:
 
 def new_doc(args: argparse.Namespace) -> dict:
     """An empty results document: date, machine, versions, method."""
-    from experiments import reproduce
+    from experiments.reproduce_common import versions
+    from experiments.reproduce_time import machine_name
 
     device = str(getattr(jax.devices()[0], "device_kind", jax.devices()[0].platform))
     timed = not args.check_only
     return {
         "date": _dt.date.today().isoformat(),
-        "machine": {"device": device, "name": reproduce.machine_name(device)},
-        "versions": reproduce.versions(),
+        "machine": {"device": device, "name": machine_name(device)},
+        "versions": versions(),
         "method": method(args.calls if timed else None, args.workers),
         "calls": args.calls if timed else None,
         "workers": args.workers,

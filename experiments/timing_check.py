@@ -27,7 +27,8 @@ from typing import Any
 import jax
 
 from experiments import benchmarks as B
-from experiments.reproduce import rel_err, versions
+from experiments.errors import max_rel_error as rel_err
+from experiments.reproduce_common import versions
 from mirage_jax import profile
 
 CONFIGS = [(w, s) for w in (4, 8) for s in (1, 2, 3)]
@@ -99,7 +100,7 @@ def _plan_mugraphs(plan: dict, name: str, batch: int, top: int) -> list[tuple[st
 
 
 def _imported(peer: Path, bm: Any, top: int) -> list[tuple[str, Any]]:
-    from experiments.reproduce import _rank_imported
+    from experiments.reproduce_search import _rank_imported
 
     path = peer / "h100" / bm.checkpoint
     ranked = _rank_imported(path)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from experiments import figures, reproduce
+from experiments import figures, reproduce, reproduce_common, reproduce_time
 from experiments.benchmarks import PAPER_NAMES
 
 
@@ -43,7 +43,7 @@ def _row(name, batch, ours_us, xla_us, other_us=None, imported_us=None):
         "search": [{"stop_reason": "exhausted", "seconds": 3.0, "candidates": 2}],
         "contenders": cs,
     }
-    return reproduce.summarize(row, 3.0e12)
+    return reproduce_time.summarize(row, 3.0e12)
 
 
 def _results(rows):
@@ -84,7 +84,7 @@ def test_summarize_slower_than_xla_keeps_xla_for_jit():
 def test_summarize_ignores_invalid_contenders():
     row = _row("lora", 1, ours_us=2.0, xla_us=6.0)
     row["contenders"][1]["valid"] = False  # a float-check failure never wins
-    row = reproduce.summarize(row, 3.0e12)
+    row = reproduce_time.summarize(row, 3.0e12)
     assert row["ours"] is None and row["speedup"] is None
     assert row["fraction_of_floor"] is None and row["jit_us"] == 6.0
 
@@ -128,10 +128,10 @@ def test_figure_phase_redraws_from_a_results_file(tmp_path):
 
 
 def test_machine_name():
-    assert reproduce.machine_name("NVIDIA H100 80GB HBM3") == "h100"
-    assert reproduce.machine_name("NVIDIA H200") == "h200"
-    assert reproduce.machine_name("NVIDIA A100-SXM4-80GB") == "a100"
-    assert reproduce.machine_name("Some GPU") == "some-gpu"
+    assert reproduce_time.machine_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert reproduce_time.machine_name("NVIDIA H200") == "h200"
+    assert reproduce_time.machine_name("NVIDIA A100-SXM4-80GB") == "a100"
+    assert reproduce_time.machine_name("Some GPU") == "some-gpu"
 
 
 def test_cli_reproduce_help(capsys):
@@ -168,7 +168,7 @@ def test_quick_reproduction_end_to_end(tmp_path):
     for row in res["benchmarks"]:
         by_label = {c["label"]: c for c in row["contenders"]}
         assert by_label["XLA"]["status"] == "ok (not timed)"
-        assert by_label["XLA"]["rel_err"] <= reproduce.FP16_TOL
+        assert by_label["XLA"]["rel_err"] <= reproduce_common.FP16_TOL
         for c in row["contenders"]:
             assert "time" not in c
             if c["kind"] in ("ours", "baseline") and "rel_err" in c:
@@ -186,11 +186,11 @@ def test_merge_keeps_rows_this_run_did_not_time(tmp_path):
     old = _results([_row("gqa", 1, 5.0, 10.0), _row("gqa", 16, 50.0, 100.0)])
     (tmp_path / "old.json").write_text(json.dumps(old))
     new = _results([_row("lora", 1, 2.0, 6.0), _row("gqa", 1, 4.0, 10.0)])
-    reproduce._merge(new, plan, tmp_path / "old.json")
+    reproduce_time._merge(new, plan, tmp_path / "old.json")
     assert [r["key"] for r in new["benchmarks"]] == ["gqa_b1", "lora_b1", "gqa_b16"]
     assert new["benchmarks"][0]["ours"]["us"] == 4.0  # this run's row wins
     assert new["merged_from"]["file"] == "old.json"
     other = dict(old, device="NVIDIA H200")
     (tmp_path / "h200.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="not NVIDIA H100"):
-        reproduce._merge(new, plan, tmp_path / "h200.json")
+        reproduce_time._merge(new, plan, tmp_path / "h200.json")
