@@ -102,6 +102,6 @@ def test_notebook_05_plots_the_h100_runs_the_readme_quotes():
     import re
 
     readme = (ROOT / "README.md").read_text()
-    quoted = set(re.findall(r"results/real_models_h100_2026-11-(\d\d\w)\.md\)", readme))
+    quoted = set(re.findall(r"results/(real_baselines_h100_[\w-]+)\.md\)", readme))
     notebook = (ROOT / "notebooks" / "05_real_models.ipynb").read_text()
-    assert quoted and all(f'\\"{run}\\"' in notebook for run in quoted), quoted
+    assert quoted and all(f"{run}.json" in notebook for run in quoted), quoted
