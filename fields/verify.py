@@ -305,6 +305,7 @@ def verify(
     field: Field | None = None,
     target_bound: float = TARGET_BOUND,
     max_void_trials: int = MAX_VOID_TRIALS,
+    outcomes: dict[int, TrialOutcome] | None = None,
 ) -> Verdict:
     """Test two programs for equality of their exact semantics, up to a permutation of outputs.
 
@@ -322,6 +323,8 @@ def verify(
             alias modulo it); by default each trial draws its own (`fields.drawn_field`).
         target_bound: the false-accept bound the default number of trials aims at.
         max_void_trials: void draws tolerated before the pair is rejected.
+        outcomes: attempts already run (`run_trial`, e.g. in a pool: attempt → outcome); the
+            verdict is the one the trials run here in order would give (the rest run here).
 
     Raises:
         TypeError: the input avals differ.
@@ -330,7 +333,7 @@ def verify(
     key = _memo_key(a, b, trials, seed, field, target_bound, max_void_trials)
     if key is not None and key in _MEMO:
         return _MEMO[key]
-    v = _verify(a, b, trials, seed, field, target_bound, max_void_trials)
+    v = _verify(a, b, trials, seed, field, target_bound, max_void_trials, outcomes)
     _keep(key, v)
     return v
 
@@ -358,6 +361,42 @@ def _keep(key: tuple | None, v: Verdict) -> None:
     _MEMO[key] = v
 
 
+def verify_plan(
+    a: Any,
+    b: Any,
+    trials: int | None = None,
+    field: Field | None = None,
+    target_bound: float = TARGET_BOUND,
+) -> int:
+    """The trials `verify(a, b, trials=trials)` completes when none is void and all agree."""
+    if trials is not None:
+        return trials
+    return trials_for(trial_bound(degree_bound(a), degree_bound(b), field), target_bound)
+
+
+TrialOutcome = tuple[np.ndarray | None, Field]
+"""One trial's output compatibility matrix (None: a void draw) and its field."""
+
+
+def run_trial(a: Any, b: Any, seed: int, attempt: int, field: Field | None = None) -> TrialOutcome:
+    """Attempt `attempt` of `verify(a, b, seed=seed)`, alone: which outputs of `a` equal which
+    of `b` on its draw (None where a denominator was zero). Attempts are independent, so a pool
+    can run them at once (`verify(..., outcomes=...)` combines them)."""
+    rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, attempt])))
+    field = field or drawn_field(seed, attempt)  # a fresh field per trial (module docstring)
+    key = int(rng.integers(0, 2**63)) << 64 | int(rng.integers(0, 2**63))
+    algebra = FieldAlgebra(field, key=key, rng=rng.spawn(1)[0])
+    inputs = random_inputs(tuple(a.input_avals), rng, field)
+    try:
+        out_a = a.interpret(inputs, algebra)
+        out_b = b.interpret(inputs, algebra)
+        for out in (*out_a, *out_b):  # force the p-components here: zero denominators
+            out.p_raw()
+    except VoidTrial:
+        return None, field
+    return _compare(out_a, out_b), field
+
+
 def _verify(
     a: Any,
     b: Any,
@@ -366,8 +405,9 @@ def _verify(
     field: Field | None,
     target_bound: float,
     max_void_trials: int,
+    outcomes: dict[int, TrialOutcome] | None = None,
 ) -> Verdict:
-    """`verify` without the memo."""
+    """`verify` without the memo; `outcomes`: attempts already run elsewhere (`run_trial`)."""
     fixed = field
     avals_a, avals_b = tuple(a.input_avals), tuple(b.input_avals)
     if avals_a != avals_b:
@@ -403,34 +443,25 @@ def _verify(
         [[sa == sb for sb, _ in b.output_avals] for sa, _ in a.output_avals], dtype=bool
     ).reshape(n_a, n_b)
     done = void = attempt = 0
-    buffers: dict[int, np.ndarray] = {}
     matching = _perfect_matching(compat)
     if matching is None:
         return verdict(False, 0, 0, mismatched=_unmatched(compat), reason="output shapes differ")
     while done < trials:
-        rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, attempt])))
-        field = fixed or drawn_field(seed, attempt)  # a fresh field per trial (module docstring)
+        if outcomes is not None and attempt in outcomes:
+            agree, drawn = outcomes[attempt]
+        else:
+            agree, drawn = run_trial(a, b, seed, attempt, fixed)
         attempt += 1
-        key = int(rng.integers(0, 2**63)) << 64 | int(rng.integers(0, 2**63))
-        algebra = FieldAlgebra(field, key=key, rng=rng.spawn(1)[0])
-        inputs = random_inputs(avals_a, rng, field, buffers=buffers)
-        try:
-            out_a = a.interpret(inputs, algebra)
-            out_b = b.interpret(inputs, algebra)
-            for out in (*out_a, *out_b):  # force the p-components here: zero denominators
-                out.p_raw()
-        except VoidTrial:
-            del inputs
+        if agree is None:
             void += 1
             if void > max_void_trials:
                 return verdict(
                     False, done, void, reason=f"{void} void draws: a denominator is always zero"
                 )
             continue
-        compat &= _compare(out_a, out_b)
-        del inputs, out_a, out_b, algebra  # the buffers are refilled next trial
+        compat &= agree
         done += 1
-        used.append(field)
+        used.append(drawn)
         matching = _perfect_matching(compat)
         if matching is None:
             bad = _unmatched(compat)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import jax
@@ -288,3 +289,32 @@ def test_degree_bounds_share_denominators_along_sums():
     split = lambda x: jnp.sum(jnp.sum((x / rms(x)).reshape(4, 4, 8), -1), -1)  # noqa: E731
     assert degree(split, X).output == 2
     assert degree(lambda x: jnp.sqrt(x @ x.T), SQ).uninterpreted == 2
+
+
+@pytest.mark.parametrize(
+    "name,f,g,specs", [EQUAL[0], EQUAL[-1], UNEQUAL[0], UNEQUAL[-1]], ids=lambda e: str(e)[:20]
+)
+def test_trials_run_apart_give_the_verdict_of_one_run(name, f, g, specs):
+    """Attempts run alone (`run_trial`, as search workers do) and combined by `verify(...,
+    outcomes=)` give exactly the verdict `verify` gives by itself, unequal pairs included."""
+    verify_mod = importlib.import_module("fields.verify")  # the module, not the function
+
+    a, b = lax_ir.capture(f, *specs), lax_ir.capture(g, *specs)
+    verify_mod._MEMO.clear()
+    alone = fields.verify(a, b, seed=3)
+    verify_mod._MEMO.clear()
+    n = fields.verify_plan(a, b)
+    outcomes = {k: fields.run_trial(a, b, 3, k) for k in range(n)}
+    combined = fields.verify(a, b, seed=3, outcomes=outcomes)
+    assert combined == alone
+
+
+def test_void_attempts_run_apart_are_made_up_here():
+    f = lax_ir.capture(lambda x: x / (x - x), X)
+    verify_mod = importlib.import_module("fields.verify")  # the module, not the function
+
+    verify_mod._MEMO.clear()
+    outcomes = {k: fields.run_trial(f, f, 0, k) for k in range(2)}
+    assert all(agree is None for agree, _ in outcomes.values())
+    v = fields.verify(f, f, max_void_trials=3, outcomes=outcomes)
+    assert not v and v.void_trials == 4 and "void" in v.reason

@@ -29,10 +29,33 @@ def call(raw: Any, problem: Problem, fn: Callable[..., Any], args: list[tuple]) 
     return list(raw.map(functools.partial(call_keyed, key, blob, fn), *zip(*args)))
 
 
-def verify_full(problem: Problem, g: MuGraph, trials: int | None) -> Any:
+def trial_full(problem: Problem, g: MuGraph, attempt: int) -> Any:
+    """One attempt of the full-size verification of `g` against the region (a pool job)."""
     import fields
 
-    return fields.verify(g, problem.program, trials=trials, seed=problem.seed)
+    return fields.run_trial(g, problem.program, problem.seed, attempt)
+
+
+def verify_full(raw: Any, problem: Problem, graphs: list[MuGraph], trials: int | None) -> list:
+    """`fields.verify` of each of `graphs` against the region at full size, with every planned
+    trial of every graph a job of its own in the pool `raw` (8 jobs for 4 graphs of 2 trials:
+    twice the parallelism of a job per graph). The verdicts are the ones `fields.verify` gives
+    alone, and they enter this process's memo."""
+    import fields
+
+    program = problem.program
+    jobs = [
+        (g, attempt) for g in graphs for attempt in range(fields.verify_plan(g, program, trials))
+    ]
+    done = call(raw, problem, trial_full, jobs)
+    outcomes: dict[str, dict[int, Any]] = {}
+    for (g, attempt), got in zip(jobs, done):
+        outcomes.setdefault(g.canonical_hash, {})[attempt] = got
+    return [
+        fields.verify(g, program, trials=trials, seed=problem.seed,
+                      outcomes=outcomes.get(g.canonical_hash, {}))
+        for g in graphs
+    ]  # fmt: skip
 
 
 def confirm(
@@ -47,9 +70,7 @@ def confirm(
     the search's budget; judged by the last round's time): at prefill sizes each takes seconds
     (GPT-2 at b=8: 13 s). The rest stay verified on their small instance ("representative");
     `select` verifies whatever it times at full size again. The verdicts are kept in this
-    process's memo (`fields.remember`), where `select` asks the same questions."""
-    import fields
-
+    process's memo (`fields.verify`'s), where `select` asks the same questions."""
     firsts: dict[str, int] = {}
     for i, (_, _, _, key) in enumerate(instances):
         firsts.setdefault(key, i)
@@ -69,10 +90,9 @@ def confirm(
             break
         t0 = time.monotonic()
         graphs = [instances[i][2] for i in todo]
-        verdicts = call(raw, problem, verify_full, [(g, budget.trials) for g in graphs])
+        verdicts = verify_full(raw, problem, graphs, budget.trials)
         last = time.monotonic() - t0
-        for i, g, v in zip(todo, graphs, verdicts):
-            fields.remember(g, problem.program, v, trials=budget.trials, seed=problem.seed)
+        for i, v in zip(todo, verdicts):
             if v:
                 checked[i] = dict(verified="full", bound=v.bound, trials=v.trials)
                 continue
