@@ -338,21 +338,6 @@ def verify(
     return v
 
 
-def remember(
-    a: Any,
-    b: Any,
-    verdict: Verdict,
-    *,
-    trials: int | None = None,
-    seed: int = 0,
-    target_bound: float = TARGET_BOUND,
-    max_void_trials: int = MAX_VOID_TRIALS,
-) -> None:
-    """Keep `verdict`, computed by `verify(a, b, ...)` with these arguments in another process
-    (a search worker), as this process's answer to that question."""
-    _keep(_memo_key(a, b, trials, seed, None, target_bound, max_void_trials), verdict)
-
-
 def _keep(key: tuple | None, v: Verdict) -> None:
     if key is None:
         return
