@@ -111,8 +111,13 @@ def test_the_fastest_is_timed_again_with_more_warps_and_the_faster_kept():
     sel = select(r, p, tie=0.0, timer=timer, lower=lower, tune_warps=True, verify_trials=1)
     assert lowered == [None, None, TUNED_WARPS]
     assert sel.best.meta[WARPS] == TUNED_WARPS and sel.chosen.us < 6.1
-    assert sel.chosen.verdict is sel.contenders[1].verdict and sel.chosen.verdict.equal
-    assert sel.contenders[-1].label == f"mugraph[0] with {TUNED_WARPS} warps"
+    # the tuned form keeps the verdict of the one it tunes (the faster of the two copies: they
+    # are prepared in threads, so which one lowered first, and is faster here, varies)
+    tuned = sel.contenders[-1]
+    base = next(
+        c for c in sel.contenders[1:-1] if tuned.label == f"{c.label} with {TUNED_WARPS} warps"
+    )
+    assert sel.chosen.verdict is base.verdict and sel.chosen.verdict.equal
     sel = select(r, p, tie=0.0, timer=timer, lower=lower, verify_trials=1)  # not asked: no tuning
     assert WARPS not in sel.best.meta
 
