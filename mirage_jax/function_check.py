@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,26 +143,64 @@ def best_subset(
     subset is trusted), so all run as XLA.
     """
     everything = frozenset(kernels)
-    if full.choice == "kernels":
-        return _without_suspects(
-            everything, check, full, [k for k in suspects if k in everything][:max_tries]
-        )
+    if full.choice == "kernels":  # all won: only the suspects, and only for a clear gain
+        tries = [k for k in suspects if k in everything][:max_tries]
+        if not tries or len(everything) < 2 or full.kernels_us is None:
+            return everything, full
+        measured = {
+            s: c
+            for s, c in _leave_each_out(everything, tries, check).items()
+            if c.mismatch is None and c.kernels_us is not None
+        }
+        _without_helped(everything, measured, check, full.kernels_us)
+        best = _fastest(measured)
+        if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
+            return everything, full
+        return best
     if full.mismatch is not None or len(everything) < 2 or full.kernels_us is None:
         return None
-    measured: dict[frozenset[int], FunctionCheck] = {}
-    for k in sorted(everything)[:max_tries]:
+    measured = _leave_each_out(everything, sorted(everything)[:max_tries], check)
+    if any(c.mismatch is not None for c in measured.values()):
+        return None
+    _without_helped(everything, measured, check, full.kernels_us)
+    return _fastest(measured)
+
+
+def _leave_each_out(
+    everything: frozenset[int],
+    tries: Sequence[int],
+    check: Callable[[frozenset[int]], FunctionCheck | None],
+) -> dict[frozenset[int], FunctionCheck]:
+    """The checks of the set without each of `tries` (those that could run)."""
+    measured = {}
+    for k in tries:
         c = check(everything - {k})
         if c is not None:
             measured[everything - {k}] = c
-    if any(c.mismatch is not None for c in measured.values()):
-        return None
+    return measured
+
+
+def _without_helped(
+    everything: frozenset[int],
+    measured: dict[frozenset[int], FunctionCheck],
+    check: Callable[[frozenset[int]], FunctionCheck | None],
+    full_us: float,
+) -> None:
+    """Adds to `measured` the set without every kernel whose leaving out helped (two or more)."""
     helped = {k for k in everything if (c := measured.get(everything - {k})) is not None
-              and c.kernels_us is not None and c.kernels_us < full.kernels_us}  # fmt: skip
+              and c.mismatch is None and c.kernels_us is not None
+              and c.kernels_us < full_us}  # fmt: skip
     rest = everything - helped
     if len(helped) > 1 and rest and rest not in measured:
         c = check(rest)
-        if c is not None:
+        if c is not None and (c.mismatch is None and c.kernels_us is not None):
             measured[rest] = c
+
+
+def _fastest(
+    measured: Mapping[frozenset[int], FunctionCheck],
+) -> tuple[frozenset[int], FunctionCheck] | None:
+    """The fastest measured set that beats jax.jit with the same values (ties: by region indices)."""
     winners = [
         (c.kernels_us, sorted(s), s, c)
         for s, c in measured.items()
@@ -199,38 +237,3 @@ def compare(got: Any, want: Any) -> str | None:
         if err > tol * scale:
             return f"output {k}: max error {err:.3g} against a tolerance of {tol * scale:.3g}"
     return None
-
-
-def _without_suspects(
-    everything: frozenset[int],
-    check: Callable[[frozenset[int]], FunctionCheck | None],
-    full: FunctionCheck,
-    suspects: Sequence[int],
-) -> tuple[frozenset[int], FunctionCheck]:
-    """All kernels won: leave each suspect out, then all that helped; a subset faster than
-    all of them by `KEEP_ALL_TIE` replaces them."""
-    if not suspects or len(everything) < 2 or full.kernels_us is None:
-        return everything, full
-    measured: dict[frozenset[int], FunctionCheck] = {}
-    for k in suspects:
-        c = check(everything - {k})
-        if c is not None and c.mismatch is None and c.kernels_us is not None:
-            measured[everything - {k}] = c
-    helped = [k for k in suspects if (c := measured.get(everything - {k})) is not None
-              and c.kernels_us < full.kernels_us]  # fmt: skip
-    rest = everything - set(helped)
-    if len(helped) > 1 and rest and rest not in measured:
-        c = check(rest)
-        if c is not None and c.mismatch is None and c.kernels_us is not None:
-            measured[rest] = c
-    best = min(
-        (
-            (c.kernels_us, sorted(sub), sub, c)
-            for sub, c in measured.items()
-            if c.choice == "kernels"
-        ),
-        default=None,
-    )
-    if best is None or best[0] >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
-        return everything, full
-    return best[2], best[3]
