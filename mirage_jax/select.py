@@ -215,7 +215,7 @@ def select(
         tune_warps: also time the fastest µGraph with `TUNED_WARPS` warps per block (its
             meta's `WARPS`, which the lowering reads when given no config) and keep the faster.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
-            a time (threads) while the ones ready are timed, one at a time.
+            a time (threads), and then timed one at a time.
     """
     import jax
 
@@ -257,8 +257,8 @@ def select(
         try:
             yield
         finally:
-            with lock:
-                phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+            with lock:  # candidates are prepared in threads
+                phases[name] += time.perf_counter() - t0
 
     xla_us, method = None, "cost model"
     if timed:
@@ -314,37 +314,33 @@ def select(
         try:
             with phase("time_s"):
                 return dataclasses.replace(c, us=run_timer(*p.run)[0])
-        except Exception as e:
-            if strict:
+        except Exception as e:  # as in `prepare`: a failure drops the candidate
+            if strict and not isinstance(e, (LoweringError, NotEqual)):
                 raise
             return dataclasses.replace(c, error=f"{type(e).__name__}: {e}"[:300])
 
     best: tuple[float, MuGraph] | None = None
     best_of: tuple[Contender, Any] | None = None
-    order_ = timing_order(result.mugraphs, top)
-    threads = max(1, min(int(compile_threads), len(order_))) if timed else 1
+    candidates = timing_order(result.mugraphs, top)
     t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(threads, "mirage_jax-select") as pool:
-        # timed: every candidate is verified, lowered and compiled (threads), then each is
-        # timed alone (nothing else runs on the GPU under a trace); untimed: one after
-        # another, until the first that passes.
-        prepared = (
-            list(pool.map(lambda kg: prepare(f"mugraph[{kg[0]}]", kg[1]), order_))
-            if threads > 1
-            else (prepare(f"mugraph[{k}]", g) for k, g in order_)
-        )
-        for p in prepared:
-            c = attempt(p)
-            contenders.append(c)
-            if c.error:
-                continue
-            g = c.mugraph
-            if not timed:
-                _log(program, contenders)
-                why = "the cost model's best that lowers and passes the float check (not timed)"
-                return Selection(g, why, tuple(contenders), method, backend, {"phases": phases})
-            if best is None or c.us < best[0]:
-                best, best_of = (c.us, g), (c, p.order)
+    if timed:  # all verified, lowered and compiled (threads), then each timed alone
+        threads = max(1, min(int(compile_threads), len(candidates)))
+        with concurrent.futures.ThreadPoolExecutor(threads, "mirage_jax-select") as pool:
+            prepared = list(pool.map(lambda kg: prepare(f"mugraph[{kg[0]}]", kg[1]), candidates))
+    else:  # one after another, until the first that passes
+        prepared = (prepare(f"mugraph[{k}]", g) for k, g in candidates)
+    for p in prepared:
+        c = attempt(p)
+        contenders.append(c)
+        if c.error:
+            continue
+        g = c.mugraph
+        if not timed:
+            _log(program, contenders)
+            why = "the cost model's best that lowers and passes the float check (not timed)"
+            return Selection(g, why, tuple(contenders), method, backend, {"phases": phases})
+        if best is None or c.us < best[0]:
+            best, best_of = (c.us, g), (c, p.order)
     phases["prepare_and_time_s"] = time.perf_counter() - t0
     if best is not None and tune_warps and WARPS not in best[1].meta:
         c, order = best_of
