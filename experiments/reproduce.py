@@ -35,13 +35,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # python experiments/X.py: see experiments/_path.py
     import _path  # noqa: F401
 
-from experiments.reproduce_common import QUICK_OUT, RESULTS  # noqa: E402
-from experiments.reproduce_search import phase_search  # noqa: E402
-from experiments.reproduce_time import _has_gpu, _load_plan, phase_time  # noqa: E402
+from experiments.reproduce_common import QUICK_OUT, RESULTS
+from experiments.reproduce_search import phase_search
+from experiments.reproduce_time import _has_gpu, _load_plan, phase_time
 
 
 # ---------------------------------------------------------------------------- figure phase

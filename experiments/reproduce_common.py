@@ -10,9 +10,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if not __package__:  # python experiments/X.py: see experiments/_path.py
-    import _path  # noqa: F401
-
 
 RESULTS = ROOT / "experiments" / "results"
 QUICK_OUT = ROOT / "build" / "reproduce-quick"

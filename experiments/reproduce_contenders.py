@@ -8,11 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if not __package__:  # python experiments/X.py: see experiments/_path.py
-    import _path  # noqa: F401
-
-from experiments.reproduce_common import _err, _region_programs  # noqa: E402
+from experiments.reproduce_common import _err, _region_programs
 
 
 # ---------------------------------------------------------------------------- contenders

@@ -12,12 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if not __package__:  # python experiments/X.py: see experiments/_path.py
-    import _path  # noqa: F401
-
-from experiments.errors import max_rel_error  # noqa: E402
-from experiments.reproduce_common import (  # noqa: E402
+from experiments.errors import max_rel_error
+from experiments.reproduce_common import (
     FP16_TOL,
     QUICK_OUT,
     SCHEMA,
@@ -28,7 +24,7 @@ from experiments.reproduce_common import (  # noqa: E402
     today,
     versions,
 )
-from experiments.reproduce_contenders import _import_tokamax, _imported, _ours, baselines  # noqa: E402
+from experiments.reproduce_contenders import _import_tokamax, _imported, _ours, baselines
 
 
 # ---------------------------------------------------------------------------- time phase

@@ -48,14 +48,7 @@ from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Structure, instantiate
-from mirage_jax.search.tasks import (
-    Problem,
-    init_worker,
-    prepare,
-    run_keyed,
-    run_task,
-    tasks_of,
-)  # fmt: skip
+from mirage_jax.search.tasks import Problem, init_worker, prepare, run_keyed, run_task, tasks_of
 from mirage_jax.search.workers import pool_for, problem_blob, shared_pool
 
 STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
@@ -185,26 +178,22 @@ def search(
 
     Raises SearchError (naming the op) for a region outside the fragment.
     """
+    budget = budget or Budget()
+    target = TARGETS[target] if isinstance(target, str) else target
     with shared_pool():
-        return _search(
-            program, budget=budget, seed=seed, workers=workers, progress=progress,
-            target=target, device=device,
-        )  # fmt: skip
+        return _search(program, budget, seed, workers, progress, target, device)
 
 
 def _search(
     program: Program,
-    *,
-    budget: Budget | None = None,
-    seed: int = 0,
-    workers: int = 1,
-    progress: bool | None = None,
-    target: Target | str = "h100",
-    device: cost_model.Device = cost_model.H100,
+    budget: Budget,
+    seed: int,
+    workers: int,
+    progress: bool | None,
+    target: Target,
+    device: cost_model.Device,
 ) -> SearchResult:
     """`search` inside its pool's block."""
-    budget = budget or Budget()
-    target = TARGETS[target] if isinstance(target, str) else target
     t_all = time.perf_counter()
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
