@@ -35,6 +35,7 @@ if not __package__:  # python experiments/X.py: see experiments/_path.py
     import _path  # noqa: F401
 
 from experiments.errors import max_rel_error
+from mirage_jax.search.workers import default_workers
 
 TOL = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 2e-3}
 
@@ -165,17 +166,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes", nargs="*", default=["realistic"])
     p.add_argument("--model-batches", nargs="*", type=int, default=[1, 8])
     p.add_argument(
-        "--workers", type=int, default=None, help="search workers (default: mirage_jax.jit's)"
+        "--workers",
+        type=int,
+        default=default_workers(),  # mirage_jax.jit's, recorded as the number it is here
+        help="search workers (default: mirage_jax.jit's, %(default)s here)",
     )
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--out", default="experiments/results")
     p.add_argument("--stop-after-s", type=float, default=None, help="start no case after this")
     p.add_argument("--resume", action="store_true", help="keep rows already in the file")
     args = p.parse_args(argv)
-    if args.workers is None:  # mirage_jax.jit's default, recorded as the number it is here
-        from mirage_jax.search.workers import default_workers
-
-        args.workers = default_workers()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "never_slower.json"

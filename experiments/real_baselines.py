@@ -41,6 +41,7 @@ if not __package__:  # python experiments/X.py: see experiments/_path.py
 
 from experiments import never_slower
 from experiments.models import attention as attn
+from mirage_jax.search.workers import default_workers
 
 NAME = "real_baselines"
 """Stem of the files written under --out."""
@@ -401,7 +402,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--calls", type=int, default=30, help="calls per profiler trace")
     p.add_argument(
-        "--workers", type=int, default=None, help="search workers (default: mirage_jax.jit's)"
+        "--workers",
+        type=int,
+        default=default_workers(),  # mirage_jax.jit's, recorded as the number it is here
+        help="search workers (default: mirage_jax.jit's, %(default)s here)",
     )
     p.add_argument("--out", default="experiments/results")
     p.add_argument(
@@ -411,10 +415,6 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-only", action="store_true", help="build and check, time nothing")
     p.add_argument("--figure-only", action="store_true", help="redraw the figure from the JSON")
     args = p.parse_args(argv)
-    if args.workers is None:  # mirage_jax.jit's default, recorded as the number it is here
-        from mirage_jax.search.workers import default_workers
-
-        args.workers = default_workers()
     if not args.check_only and not args.figure_only and jax.default_backend() != "gpu":
         print("no GPU: --check-only (contenders built and checked, nothing timed)", flush=True)
         args.check_only = True
