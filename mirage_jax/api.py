@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,13 @@ from mirage_jax.function_check import (
 from mirage_jax.function_check import measure as measure_function
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
-from mirage_jax.regions import SearchAhead, eagerly, region_avals, region_kernel
+from mirage_jax.regions import (
+    SearchAhead,
+    compute_gated,
+    eagerly,
+    region_avals,
+    region_kernel,
+)
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
 from mirage_jax.regions import effective_backend as effective_backend
@@ -414,7 +421,18 @@ class MirageJit:
 
             # One pool of search workers for all of this call's regions; the searches run
             # ahead in a background thread while each searched region is selected here.
-            with shared_pool(), SearchAhead([r.program for r in misses], self.opts) as ahead:
+            # Regions no kernel of ours can win (`compute_gated`) are decided here, in order,
+            # while the searches of the ones before them run.
+            gates = [Future() for _ in misses]
+            with shared_pool(), SearchAhead([r.program for r in misses], self.opts, gates) as ahead:
+                try:
+                    for region, gate in zip(misses, gates):
+                        avals = region_avals(part, region)
+                        gate.set_result(compute_gated(region.program, self.opts, backend, avals))
+                finally:  # an interrupt: the waiting searches end instead of waiting forever
+                    for gate in gates:
+                        if not gate.done():
+                            gate.set_exception(CancelledError())
                 bar = progress_bar(misses, desc="mirage_jax search", unit="region", disable=disable)
                 for region, searched in zip(bar, ahead.futures):
                     avals = region_avals(part, region)

@@ -93,12 +93,17 @@ class SearchAhead:
     next regions' searches (on the CPU workers). A context manager; leaving it early (an
     error, an interrupt) cancels the searches not yet started."""
 
-    def __init__(self, programs: Sequence[Any], opts: Any):
+    def __init__(self, programs: Sequence[Any], opts: Any, gates: Sequence[Future] | None = None):
+        """`gates`: per program, a future the caller completes with a `SearchOutcome` (the
+        region decided without a search: `compute_gated`) or None (search it); each search
+        waits for its gate, so the caller can decide later regions while earlier ones search."""
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirage_jax-search")
+        gates = gates if gates is not None else [done(None) for _ in programs]
         self.futures: list[Future] = [
-            self._pool.submit(_search_ahead, program, opts) for program in programs
+            self._pool.submit(_search_ahead, program, opts, gate)
+            for program, gate in zip(programs, gates)
         ]
 
     def __enter__(self) -> SearchAhead:
@@ -108,8 +113,47 @@ class SearchAhead:
         self._pool.shutdown(wait=kind is None, cancel_futures=True)
 
 
-def _search_ahead(program: Any, opts: Any) -> Any:
-    return search_only(_search_module(), program, opts)
+def compute_gated(
+    program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+) -> SearchOutcome | None:
+    """The region as XLA, not searched, where no kernel of ours can win it on this GPU
+    (`compute_gate`: XLA below our GEMMs' compute floor); None where it is to be searched.
+    Times XLA for large regions only, and only where kernels are timed (a GPU backend); a
+    failure to time it is reported (strict: raised) and the region is searched as usual."""
+    from mirage_jax import compute_gate
+
+    if not (has_gpu() and backends.get(backend).needs_gpu):
+        return None
+    context = None
+    if avals is not None and program.meta.get("interface"):
+        context = in_context(program, opts, backend, avals)
+    try:
+        got = eagerly(compute_gate.unwinnable, program, opts, backend, device_kind(), context)
+    except Exception as e:
+        fallback(
+            f"compute-gate:{program.canonical_hash}",
+            f"mirage_jax: could not time XLA for {program.meta.get('name', 'a region')} before "
+            f"its search ({type(e).__name__}: {e}); it is searched",
+            e,
+            opts.strict,
+        )
+        return None
+    if got is None:
+        return None
+    reason, timings = got
+    return SearchOutcome(None, None, None, timings, reason)
+
+
+def done(value: Any) -> Future:
+    """A completed future holding `value` (a region decided without a search)."""
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def _search_ahead(program: Any, opts: Any, gate: Future) -> Any:
+    decided = gate.result()
+    return decided if decided is not None else search_only(_search_module(), program, opts)
 
 
 def select_searched_or_not(
@@ -188,12 +232,14 @@ def select_searched(
 ) -> SearchOutcome:
     """The selection half of `search_region`: lower, check and (on a GPU) time the searched
     µGraphs of `result` against XLA (`mirage_jax.select`); what the cache stores."""
+    from mirage_jax import compute_gate
     from mirage_jax.cache import mugraph_to_json
     from mirage_jax.search import Budget
     from mirage_jax.select import FLOAT_TOL, random_inputs, select
 
     t0 = time.perf_counter()
     timed = has_gpu() and backends.get(backend).needs_gpu
+    context = timed and avals is not None and bool(program.meta.get("interface"))
     sel = select(
         result,
         program,
@@ -209,11 +255,8 @@ def select_searched(
         strict=opts.strict,
         tune_warps=opts.lower_config is None,
         compile_threads=int(opts.options.get("compile_threads", 4)),
-        context=(
-            in_context(program, opts, backend, avals)
-            if timed and avals is not None and program.meta.get("interface")
-            else None
-        ),
+        context=in_context(program, opts, backend, avals) if context else None,
+        xla=compute_gate.known_xla(program, opts, backend, context) if timed else None,
     )
     t = {
         "device": device_kind(),

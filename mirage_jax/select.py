@@ -186,6 +186,7 @@ def select(
     context: InContext | None = None,
     tune_warps: bool = False,
     compile_threads: int = 4,
+    xla: tuple[float, str] | None = None,
 ) -> Selection:
     """Time the `top` best µGraphs of `result` and XLA; return the fastest (XLA wins ties).
 
@@ -216,6 +217,8 @@ def select(
             meta's `WARPS`, which the lowering reads when given no config) and keep the faster.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
+        xla: XLA's time (µs) and method where already measured the same way (in `context`
+            if one is given; `compute_gate.time_xla`): not measured again.
     """
     import jax
 
@@ -261,7 +264,9 @@ def select(
                 phases[name] += time.perf_counter() - t0
 
     xla_us, method = None, "cost model"
-    if timed:
+    if timed and xla is not None:
+        xla_us, method = xla
+    elif timed:
         with phase("xla_s"):
             xla_us, method = run_timer(*timed_fn(lambda *xs: tuple(lax_ir.evaluate(program, *xs))))
         if context is not None:

@@ -1,0 +1,125 @@
+"""Regions no kernel of ours can win: XLA is faster than our GEMMs' compute floor.
+
+A region made of large GEMMs (a prefill's projections over 4096 rows) is compute-bound, and
+every kernel the search can produce does at least the region's matmul flops at no more than the
+rate our lowered GEMMs reach (`CEILING_FLOPS`, measured per device). Where XLA's measured time
+for the region is already below `flops / ceiling`, no µGraph can be selected, so the search
+(enumeration, cuts, full-size verification: 50 s for one GPT-2 prefill projection at b=8 on
+the H100) is skipped and the region runs as XLA with both numbers in its reason.
+
+Only regions whose compute floor is at least `MIN_FLOOR_US` are checked (the others cost an XLA
+timing for nothing); XLA's time is kept for `select`, which then does not measure it again.
+Off with the option `compute_gate=False` (to search anyway, e.g. after improving the GEMMs).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+CEILING_FLOPS: dict[str, float] = {"H100": 3.0e14, "H200": 3.0e14}
+"""Per device kind (a substring of `jax.Device.device_kind`): a rate above the fastest our
+lowered GEMMs have run, in flop/s. Measured on the H100 (2026-11-25, fp16, device time): the
+GPT-2 prefill b=8 regions' best µGraphs ran 148-206 Tflop/s (fc2 + residual: 34.4 Gflop in
+166.8 µs); the ceiling is that best with a 1.45x margin. Raise it when the GEMMs get faster."""
+
+MIN_FLOOR_US = 5.0
+"""Regions whose compute floor at the ceiling is below this are searched without the check."""
+
+_XLA: dict[tuple, tuple[float, str]] = {}
+_LOCK = threading.Lock()
+
+
+def matmul_flops(program: Any) -> int:
+    """The flops of the region's matmuls: 2 · output elements · contracted size per matmul."""
+    nodes = program.nodes
+    total = 0
+    for n in nodes:
+        if n.op == "matmul":
+            k = nodes[n.args[0]].shape[-1]
+            total += 2 * math.prod(n.shape) * int(k)
+    return total
+
+
+def ceiling(device: str) -> float | None:
+    """Our GEMMs' ceiling on `device` (flop/s), or None where it was never measured."""
+    return next((v for k, v in CEILING_FLOPS.items() if k in device), None)
+
+
+def floor_us(program: Any, device: str) -> float | None:
+    """The least time any of our kernels for `program` can take on `device` (µs), or None."""
+    peak = ceiling(device)
+    return None if peak is None else matmul_flops(program) / peak * 1e6
+
+
+def _key(program: Any, opts: Any, backend: str, in_context: bool) -> tuple:
+    return (program.canonical_hash, opts.seed, backend, in_context)
+
+
+def time_xla(
+    program: Any,
+    opts: Any,
+    backend: str,
+    context: Any = None,
+    timer: Callable[..., Any] | None = None,
+) -> tuple[float, str]:
+    """XLA's time for the region (µs) and the method, measured as `select` measures it: in
+    `context` (`select.InContext`) where the region has layout steps at its interface, else
+    on the canonical inputs; kept for `known_xla`."""
+    import jax
+
+    import lax_ir
+    from mirage_jax.select import _default_timer, random_inputs
+
+    def fn(*xs):
+        return tuple(lax_ir.evaluate(program, *xs))
+
+    if context is not None:
+        run, feed = jax.jit(context.wrap(fn, False)), context.inputs
+    else:
+        run, feed = jax.jit(fn), (lambda s: random_inputs(program, opts.seed + s))
+    got = (timer or _default_timer)(run, feed)
+    us, method = got if isinstance(got, tuple) else (float(got), "")
+    if context is not None:
+        method += ", in context (the region's own inputs and layout steps)"
+    with _LOCK:
+        _XLA[_key(program, opts, backend, context is not None)] = (us, method)
+    return us, method
+
+
+def known_xla(program: Any, opts: Any, backend: str, in_context: bool) -> tuple[float, str] | None:
+    """XLA's time for the region if `time_xla` measured it in this process, else None."""
+    with _LOCK:
+        return _XLA.get(_key(program, opts, backend, in_context))
+
+
+def unwinnable(
+    program: Any,
+    opts: Any,
+    backend: str,
+    device: str,
+    context: Any = None,
+    timer: Callable[..., Any] | None = None,
+) -> tuple[str, dict[str, Any]] | None:
+    """(reason, timings) for a region no kernel of ours can win on `device`, or None where it
+    may be won or is not checked (a small compute floor, the option off, a device never
+    measured). Times XLA (`time_xla`) only for the regions it checks."""
+    if not opts.options.get("compute_gate", True):
+        return None
+    least = floor_us(program, device)
+    if least is None or least < MIN_FLOOR_US:
+        return None
+    xla_us, method = time_xla(program, opts, backend, context, timer)
+    if xla_us > least:
+        return None
+    gflop = matmul_flops(program) / 1e9
+    reason = (
+        f"not searched: XLA {xla_us:.2f} µs is below our kernels' compute floor "
+        f"{least:.2f} µs ({gflop:.1f} Gflop of matmuls at {ceiling(device) / 1e12:.0f} "
+        "Tflop/s, above the fastest our GEMMs have run on this device)"
+    )
+    timings = {"device": device, "xla_us": xla_us, "compute_floor_us": round(least, 2),
+               "method": method, "search_s": 0.0}  # fmt: skip
+    return reason, timings
