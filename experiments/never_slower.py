@@ -118,8 +118,19 @@ def measure(
         "kernels": sum(r["status"] == "kernel" for r in regions),
         "regions": regions,
         "function_check": None if fc is None else fc.timings(),
+        # where each whole function's device time goes: (kernel, µs per call, launches per call)
+        "jax_jit_kernels": _top_kernels(t_jax),
+        "mirage_kernels": _top_kernels(t_mine),
         "warnings": sorted({str(w.message)[:160] for w in caught}),
     }
+
+
+def _top_kernels(timing: Any, top: int = 16) -> list | None:
+    """The `top` longest kernels of a `profile.TraceTiming`, rounded (None for other timers)."""
+    kernels = getattr(timing, "kernels", None)
+    if not kernels:
+        return None
+    return [[name[:120], round(us, 3), round(n, 2)] for name, us, n in kernels[:top]]
 
 
 def markdown(doc: dict) -> str:
