@@ -127,3 +127,28 @@ def test_a_gated_region_runs_as_xla_unsearched_and_is_cached(tmp_path, monkeypat
     again(*xs)
     hit = [d for d in again.last.decisions if d.region_hash in gated_hashes]
     assert hit[0].source == "cache" and "not searched" in hit[0].reason
+
+
+def test_search_ahead_waits_for_each_gate(monkeypatch):
+    """`SearchAhead`: a gated program's future holds the gate's outcome (no search); an
+    ungated one is searched; a gate ended by an interrupt ends its search with the error."""
+    from concurrent.futures import CancelledError, Future
+
+    import pytest
+
+    from mirage_jax import regions
+
+    searched: list[str] = []
+    monkeypatch.setattr(regions, "search_only", lambda mod, p, opts: searched.append(p) or p)
+    monkeypatch.setattr(regions, "_search_module", lambda: None)
+    gates = [Future() for _ in range(3)]
+    outcome = SearchOutcome(None, None, None, {}, "not searched: (test)")
+    with regions.SearchAhead(["a", "b", "c"], _Opts(), gates) as ahead:
+        gates[0].set_result(outcome)
+        gates[1].set_result(None)
+        gates[2].set_exception(CancelledError())
+        assert ahead.futures[0].result() is outcome
+        assert ahead.futures[1].result() == "b"
+        with pytest.raises(CancelledError):
+            ahead.futures[2].result()
+    assert searched == ["b"]
