@@ -4,8 +4,8 @@ Per-region selection compares a kernel with XLA's code for the same region; cutt
 program there can still cost XLA fusions across the region's boundary. So on the first call
 of a signature (on a GPU), the assembled function and the function itself under `jax.jit` are
 timed the same way as the results tables (`profile.time_trace`: the GPU's kernel time per
-call, rotating random inputs); unless the kernels make it faster, the signature runs as plain
-`jax.jit`. The outcome, with both times, is cached under the function's Program hash.
+call, rotating random inputs); unless the kernels make it faster by more than `FUNCTION_TIE`,
+the signature runs as plain `jax.jit`. The outcome, with both times, is cached under the function's Program hash.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class FunctionCheck:
             return f"whole function: values differ from jax.jit ({self.mismatch}): runs as XLA"
         if self.kernels_us is None or self.xla_us is None:
             return f"whole function: {self.choice} ({self.method})"
-        verdict = "faster" if self.choice == "kernels" else "not faster"
+        verdict = "faster" if self.choice == "kernels" else f"not faster by {FUNCTION_TIE:.0%}"
         return (
             f"whole function with kernels {self.kernels_us:.2f} µs against jax.jit "
             f"{self.xla_us:.2f} µs ({self.method}, {self.source}): {verdict}"
@@ -95,11 +95,17 @@ def measure(
     if xla_us is None:
         xla_us = time_trace(original, inputs, calls=calls).median_us
     mine = time_trace(with_kernels, inputs, calls=calls).median_us
-    choice = "kernels" if mine < xla_us and mismatch is None else "xla"
+    choice = "kernels" if mine < xla_us * (1.0 - FUNCTION_TIE) and mismatch is None else "xla"
     return FunctionCheck(
         choice, mine, xla_us, "mirage_jax.profile.time_trace", "measured", mismatch
     )
 
+
+FUNCTION_TIE = 0.01
+"""The kernels must make the whole function faster than jax.jit by more than this fraction;
+within it the function runs as itself (the same HLO as jax.jit), so a gain inside the run-to-run
+spread is never taken for one (Llama-7B layer b=1 on the H100, 2026-11-25: kernels kept at
+236.31 against 236.42 µs, then measured at 0.995× and 0.999× of jax.jit)."""
 
 MARGINAL_US = 0.5
 MARGINAL_FRACTION = 0.10

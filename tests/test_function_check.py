@@ -133,3 +133,30 @@ def test_marginal_kernels_come_from_their_region_times() -> None:
         SimpleNamespace(index=4, status="kernel", timings=None),  # not timed (no GPU)
     ]
     assert marginal(ds) == [1, 2]
+
+
+def test_kernels_within_the_tie_run_as_jax_jit(monkeypatch) -> None:
+    """`measure`: the assembled function is kept only if faster than jax.jit by more than
+    `FUNCTION_TIE`; a gain inside it runs the function itself (never slower by noise)."""
+    import jax.numpy as jnp
+
+    import lax_ir
+    from mirage_jax import function_check, profile
+
+    program = lax_ir.capture(lambda x: jnp.tanh(x) * 2.0, jnp.ones((4, 8), jnp.float32))
+
+    def assembled(xs):
+        return list(lax_ir.evaluate(program, *xs))
+
+    class T:
+        def __init__(self, us):
+            self.median_us = us
+
+    for mine, want in ((99.5, "xla"), (98.9, "kernels"), (100.5, "xla")):
+        times = iter([100.0, mine])  # jax.jit first, then the function with kernels
+        monkeypatch.setattr(profile, "time_trace", lambda fn, inputs, calls, t=times: T(next(t)))
+        got = function_check.measure(program, assembled)
+        assert got.choice == want, (mine, got)
+        assert got.kernels_us == mine and got.xla_us == 100.0
+        if want == "xla":
+            assert "not faster by 1%" in got.reason
