@@ -119,6 +119,19 @@ def _input_sets(
     return [tuple(s) for s in sets]
 
 
+def warm(
+    fn: Callable[..., Any],
+    inputs: Callable[[int], Sequence[Any]],
+    calls: int = 30,
+    rotate_bytes: int = 2 * L2_BYTES,
+) -> None:
+    """Draw the input sets `time_trace(fn, inputs, calls=calls)` will rotate over and run `fn`
+    once on the first (compiling it): what a timing would do before its first call, done
+    ahead (in a thread, beside other compiles); `inputs` should cache its sets."""
+    sets = _input_sets(inputs, calls, None, rotate_bytes)
+    jax.block_until_ready(fn(*sets[0]))
+
+
 def _device_kind() -> tuple[str, bool]:
     d = jax.devices()[0]
     return getattr(d, "device_kind", d.platform), d.platform == "gpu"
