@@ -36,21 +36,13 @@ from mirage_jax._env import fallback, strict_default
 from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.assemble import assemble
-from mirage_jax.cache import Cache, lib_version, make_key
-from mirage_jax.function_check import (
-    FUNCTION_CHECK,
-    FunctionCheck,
-    best_subset,
-    kernels_key,
-    marginal,
-)  # fmt: skip
-from mirage_jax.function_check import measure as measure_function
+from mirage_jax.cache import Cache
+from mirage_jax.function_check import FunctionCheck, best_subset, checked, marginal
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
 from mirage_jax.regions import (
     SearchAhead,
     compute_gated,
-    eagerly,
     region_avals,
     region_kernel,
 )
@@ -340,49 +332,14 @@ class MirageJit:
         backend: str,
         xla_us: float | None = None,
     ) -> Any:
-        """The whole-function check of this signature: memo, cache, else measured and stored
-        (`mirage_jax.function_check`; `xla_us`: jax.jit's time, already measured). None if it
-        cannot run (reported; strict: raised)."""
-        options = {
-            FUNCTION_CHECK: kernels_key([d.cache_key for d in decisions if d.status == "kernel"])
-        }
-        key = make_key(program.canonical_hash, device_kind(), backend, lib_version(), options)
-        if key in self._checks:
-            return self._checks[key]
-        check = None
-        if self.cache is not None:
-            try:
-                hit = self.cache.lookup(
-                    program.canonical_hash, device_kind(), backend, options, program=program
-                )
-                if hit is not None and (hit[0].timings or {}).get("choice"):
-                    check = FunctionCheck.from_timings(dict(hit[0].timings))
-            except Exception as e:  # an unusable cache is never fatal (strict: raised)
-                fallback(f"cache:{self.cache.path}", f"mirage_jax cache: {e}", e, self.opts.strict)
-        if check is None:
-            try:
-                measure = functools.partial(measure_function, xla_us=xla_us)
-                check = eagerly(measure, program, flat, self.opts.seed)
-            except Exception as e:  # a failed check keeps the kernels, with a warning
-                fallback(
-                    f"function-check:{key}",
-                    f"mirage_jax: the whole-function check failed ({type(e).__name__}: {e}); "
-                    "the kernels are used unchecked",
-                    e,
-                    self.opts.strict,
-                )
-                return None
-            if self.cache is not None:
-                entry = Cache.entry(
-                    program.canonical_hash, device_kind(), backend,
-                    timings=check.timings(), options=options,
-                )  # fmt: skip
-                try:
-                    self.cache.put(entry)
-                except Exception as e:  # not stored: measured again next process
-                    warn_once(f"cache-write:{self.cache.path}", f"mirage_jax cache: {e}")
-        self._checks[key] = check
-        return check
+        """The whole-function check of this signature with the kernels of `decisions`
+        (`function_check.checked`: memo, cache, else measured and stored; `xla_us`: jax.jit's
+        time, already measured). None if it cannot run (reported; strict: raised)."""
+        keys = [d.cache_key for d in decisions if d.status == "kernel"]
+        return checked(
+            program, keys, flat, backend, cache=self.cache, memo=self._checks,
+            seed=self.opts.seed, strict=self.opts.strict, xla_us=xla_us,
+        )  # fmt: skip
 
     def _record(self, record: TraceRecord) -> None:
         self.records = [*self.records[-7:], record]

@@ -101,6 +101,61 @@ def measure(
     )
 
 
+def checked(
+    program: Any,
+    kernel_keys: Sequence[str],
+    assembled: Callable[[Sequence[Any]], list[Any]],
+    backend: str,
+    *,
+    cache: Any,
+    memo: dict[str, Any],
+    seed: int = 0,
+    strict: bool = False,
+    xla_us: float | None = None,
+) -> FunctionCheck | None:
+    """The whole-function check of a signature with the kernels of these cache entries: from
+    `memo` (this function object's), the cache, else measured (eagerly: called at trace time)
+    and stored in both. None if it cannot run (reported; strict: raised)."""
+    from mirage_jax._env import device_kind, fallback, warn_once
+    from mirage_jax.cache import Cache, lib_version, make_key
+    from mirage_jax.regions import eagerly
+
+    options = {FUNCTION_CHECK: kernels_key(kernel_keys)}
+    key = make_key(program.canonical_hash, device_kind(), backend, lib_version(), options)
+    if key in memo:
+        return memo[key]
+    check = None
+    if cache is not None:
+        try:
+            hit = cache.lookup(program.canonical_hash, device_kind(), backend, options,
+                               program=program)  # fmt: skip
+            if hit is not None and (hit[0].timings or {}).get("choice"):
+                check = FunctionCheck.from_timings(dict(hit[0].timings))
+        except Exception as e:  # an unusable cache is never fatal (strict: raised)
+            fallback(f"cache:{cache.path}", f"mirage_jax cache: {e}", e, strict)
+    if check is None:
+        try:
+            check = eagerly(functools.partial(measure, xla_us=xla_us), program, assembled, seed)
+        except Exception as e:  # a failed check keeps the kernels, with a warning
+            fallback(
+                f"function-check:{key}",
+                f"mirage_jax: the whole-function check failed ({type(e).__name__}: {e}); "
+                "the kernels are used unchecked",
+                e,
+                strict,
+            )
+            return None
+        if cache is not None:
+            entry = Cache.entry(program.canonical_hash, device_kind(), backend,
+                                timings=check.timings(), options=options)  # fmt: skip
+            try:
+                cache.put(entry)
+            except Exception as e:  # not stored: measured again next process
+                warn_once(f"cache-write:{cache.path}", f"mirage_jax cache: {e}")
+    memo[key] = check
+    return check
+
+
 FUNCTION_TIE = 0.01
 """The kernels must make the whole function faster than jax.jit by more than this fraction;
 within it the function runs as itself (the same HLO as jax.jit), so a gain inside the run-to-run
