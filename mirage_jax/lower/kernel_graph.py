@@ -129,10 +129,20 @@ def lower(
         for i in plans
     }
     kernels = {}
+    group = mugraph.one_launch() if hasattr(mod, "build_group") else ()
     for i, p in plans.items():
+        if i in group:
+            continue
         extra = {"views": kernel_views[i]} if kernel_views[i] else {}
         where = f"kernel op {i} (graph_defined)"
         kernels[i] = mod.build_kernel(p, config, interpret=interpret, where=where, **extra)
+    launch = None  # the kernels of `group`, launched as one (`MuGraph.one_launch`)
+    if group:
+        where = f"kernel ops {list(group)} (graph_defined, one launch)"
+        launch = mod.build_group(
+            [plans[i] for i in group], config, interpret=interpret, where=where,
+            views=[kernel_views[i] for i in group],
+        )  # fmt: skip
     shapes = mugraph.shapes
     ops = mugraph.ops
     inputs = mugraph.inputs
@@ -157,7 +167,18 @@ def lower(
                 x = jnp.transpose(x, views[pos])  # for readers that cannot read it in place
             env[(i, 0)] = x
         for i, op in enumerate(ops):
-            if op.op == "input":
+            if op.op == "input" or (i in group and i != group[0]):
+                continue
+            if launch is not None and i == group[0]:  # reads only inputs: all ready here
+                args_of = [
+                    stored[a] if k in kernel_views[g] else env[a]
+                    for g in group
+                    for k, a in enumerate(ops[g].args)
+                ]
+                ys = iter(launch(*args_of))
+                for g in group:
+                    for j in range(len(ops[g].block_graph.outputs)):
+                        env[(g, j)] = next(ys)
                 continue
             xs = [
                 stored[a] if k in kernel_views.get(i, ()) else env[a] for k, a in enumerate(op.args)

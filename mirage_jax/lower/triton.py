@@ -14,6 +14,7 @@ masked `tl.store`s through the omaps. Source files are cached on disk (by conten
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +26,9 @@ from lax_ir.layouts import stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
+from mirage_jax.lower.triton_rules import BACKEND, TL_DTYPES, OpCtx, lane
 from mirage_jax.lower.triton_runtime import interpret_kernel, load_kernel
-from mirage_jax.mugraph.opdef import matmul_operand_dtype
-from mirage_jax.mugraph.ops import GELU_CUBIC, OPS, SQRT_2_OVER_PI, SQRT_HALF
-
-BACKEND = "triton"
-TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
+from mirage_jax.mugraph.ops import OPS
 
 
 @dataclass(frozen=True)
@@ -47,272 +45,6 @@ class TritonConfig(KernelConfig):
 
 def default_config() -> TritonConfig:
     return TritonConfig()
-
-
-# ---------------------------------------------------------------------------- emitter context
-@dataclass
-class OpCtx:
-    """What a source rule sees: the plan, its tensor id, args, params and value dtypes."""
-
-    plan: KernelPlan
-    t: int
-    args: tuple[int, ...]
-    params: dict
-    is_f32: dict[int, bool]
-
-    @property
-    def dtype(self) -> str:
-        return self.plan.dtype(self.t)
-
-    @property
-    def pad(self) -> tuple[int, ...]:
-        return self.plan.pads[self.t]
-
-    def arg_tile(self, i: int) -> tuple[int, ...]:
-        return self.plan.tile(self.args[i])
-
-    def f32(self, expr: str, i: int) -> str:
-        """Arg i's expression in fp32."""
-        return expr if self.is_f32.get(self.args[i], False) else f"{expr}.to(tl.float32)"
-
-    def mask(self, i: int, dims: tuple[int, ...]) -> str | None:
-        a = self.args[i]
-        pads, tiles = self.plan.pads[a], self.plan.tile(a)
-        parts = []
-        for d in dims:
-            d %= len(pads)
-            if pads[d] != tiles[d]:
-                parts.append(f"({lane(pads, d)} < {tiles[d]})")
-        return " & ".join(parts) if parts else None
-
-    def masked(self, expr: str, i: int, dims: tuple[int, ...], fill: str) -> str:
-        m = self.mask(i, dims)
-        return expr if m is None else f"tl.where({m}, {expr}, {fill})"
-
-    @property
-    def eps(self) -> str:
-        return repr(float(self.params.get("eps") or 0.0))
-
-
-def lane(pads: tuple[int, ...], d: int) -> str:
-    """tl.arange over dim d of a tile of padded shape `pads`, broadcastable to it."""
-    rank = len(pads)
-    r = f"tl.arange(0, {pads[d]})"
-    if rank == 1:
-        return r
-    return r + "[" + ", ".join(":" if k == d else "None" for k in range(rank)) + "]"
-
-
-def _shape(pads: tuple[int, ...]) -> str:
-    return "(" + ", ".join(map(str, pads)) + ("," if len(pads) == 1 else "") + ")"
-
-
-# ---------------------------------------------------------------------------- block-op rules
-def _unary(template: str) -> Callable[..., str]:
-    return lambda c, x: template.format(x=f"({c.f32(x, 0)})")
-
-
-def _binary(op: str) -> Callable[..., str]:
-    return lambda c, a, b: f"{c.f32(a, 0)} {op} {c.f32(b, 1)}"
-
-
-def dtype_const(c: OpCtx, value: float) -> str:
-    """A constant of the op as its meaning has it: rounded to the tensor's dtype, used in fp32."""
-    return repr(float(np.float32(np.asarray(value, dtype=c.dtype))))
-
-
-for _name, _tpl in {
-    "exp": "tl.exp({x})",
-    "square": "{x} * {x}",
-    "sqrt": "tl.sqrt({x})",
-    "sigmoid": "tl.sigmoid({x})",
-    "silu": "{x} * tl.sigmoid({x})",
-    "tanh": "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)",
-}.items():
-    registry.add(BACKEND, _name, _unary(_tpl))
-for _name, _op in {"add": "+", "sub": "-", "mul": "*", "div": "/"}.items():
-    registry.add(BACKEND, _name, _binary(_op))
-registry.add(
-    BACKEND,
-    "gelu",
-    lambda c, x: (
-        f"{dtype_const(c, 0.5)} * {c.f32(x, 0)} * "
-        f"(1.0 - tl.math.erf(-{c.f32(x, 0)} * "
-        f"{dtype_const(c, c.params.get('c', SQRT_HALF))}))"
-    ),
-)
-
-
-def _gelu_tanh(c: OpCtx, x: str) -> str:
-    v = f"({c.f32(x, 0)})"
-    a = dtype_const(c, c.params.get("a", GELU_CUBIC))
-    inner = f"{dtype_const(c, c.params.get('c', SQRT_2_OVER_PI))} * ({v} + {a} * ({v} * {v} * {v}))"
-    tanh = f"(2.0 * tl.sigmoid(2.0 * ({inner})) - 1.0)"
-    return f"{v} * ({dtype_const(c, 0.5)} * (1.0 + {tanh}))"
-
-
-registry.add(BACKEND, "gelu_tanh", _gelu_tanh)
-registry.add(
-    BACKEND, "mul_scalar", lambda c, x: f"{c.f32(x, 0)} * {dtype_const(c, c.params['scalar'])}"
-)
-registry.add(
-    BACKEND, "add_scalar", lambda c, x: f"{c.f32(x, 0)} + {dtype_const(c, c.params['scalar'])}"
-)
-
-
-def _dot(c: OpCtx, a: str, b: str, ia: int, ib: int, path: str) -> str:
-    pa, pb = c.plan.pads[c.args[ia]], c.plan.pads[c.args[ib]]
-    m, k, n = pa[-2], pa[-1], pb[-1]
-    narrow = matmul_operand_dtype([c.plan.dtype(x) for x in c.args])
-    if narrow:  # mixed widths: operands rounded to the narrow dtype (the op's float meaning)
-        a, b = (f"{x}.to({TL_DTYPES[narrow]})" for x in (a, b))
-    a2 = f"tl.reshape({c.masked(a, ia, (-1,), '0.0')}, ({m}, {k}))"
-    b2 = f"tl.reshape({c.masked(b, ib, (-2,), '0.0')}, ({k}, {n}))"
-    if path == "outer":  # K = 1: broadcast (.., M, 1) * (.., 1, N) at full rank, no reshape
-        if narrow:
-            return f"{a}.to(tl.float32) * {b}.to(tl.float32)"
-        return f"{c.f32(a, ia)} * {c.f32(b, ib)}"
-    if path == "fma":
-        out = f"tl.sum({a2}.to(tl.float32)[:, :, None] * {b2}.to(tl.float32)[None, :, :], axis=1)"
-    else:
-        dt = narrow or c.dtype
-        prec = ', input_precision="ieee"' if dt == "float32" else ""
-        out = f"tl.dot({a2}.to({TL_DTYPES[dt]}), {b2}.to({TL_DTYPES[dt]}){prec})"
-    return f"tl.reshape({out}, {_shape(c.pad)})"
-
-
-@registry.register(BACKEND, "matmul")
-def _matmul(c: OpCtx, a: str, b: str) -> str:
-    (mp,) = c.plan.matmuls[c.t]
-    return _dot(c, a, b, 0, 1, mp.path)
-
-
-@registry.register(BACKEND, "concat_matmul")
-def _concat_matmul(c: OpCtx, a: str, b: str, x: str, y: str) -> str:
-    p1, p2 = c.plan.matmuls[c.t]
-    return f"{_dot(c, a, x, 0, 2, p1.path)} + {_dot(c, b, y, 1, 3, p2.path)}"
-
-
-@registry.register(BACKEND, "reduce_sum")
-def _reduce_sum(c: OpCtx, x: str) -> str:
-    d = c.params["dim"] % len(c.pad)
-    return f"tl.sum({c.masked(c.f32(x, 0), 0, (d,), '0.0')}, axis={d}, keep_dims=True)"
-
-
-@registry.register(BACKEND, "reduce_max")
-def _reduce_max(c: OpCtx, x: str) -> str:
-    d = c.params["dim"] % len(c.pad)
-    m = f"tl.max({c.masked(c.f32(x, 0), 0, (d,), 'float("-inf")')}, axis={d}, keep_dims=True)"
-    return f"tl.maximum({m}, {float(np.finfo(np.float32).min)!r})"  # masked whole: exp(-inf)
-
-
-@registry.register(BACKEND, "rms_norm")
-def _rms_norm(c: OpCtx, x: str) -> str:
-    x32 = c.f32(x, 0)
-    last = len(c.pad) - 1
-    ss = f"tl.sum({c.masked(f'{x32} * {x32}', 0, (-1,), '0.0')}, axis={last}, keep_dims=True)"
-    return f"{x32} / tl.sqrt({ss} / {float(c.arg_tile(0)[-1])!r} + {c.eps})"
-
-
-@registry.register(BACKEND, "layer_norm")
-def _layer_norm(c: OpCtx, x: str) -> str:
-    x32 = c.f32(x, 0)
-    last = len(c.pad) - 1
-    n = float(c.arg_tile(0)[-1])
-    mean = f"tl.sum({c.masked(x32, 0, (-1,), '0.0')}, axis={last}, keep_dims=True) / {n!r}"
-    cen = f"({x32} - {mean})"
-    ss = f"tl.sum({c.masked(f'{cen} * {cen}', 0, (-1,), '0.0')}, axis={last}, keep_dims=True)"
-    return f"{cen} / tl.sqrt({ss} / {n!r} + {c.eps})"
-
-
-@registry.register(BACKEND, "concat")
-def _concat(c: OpCtx, a: str, b: str) -> str:
-    rank = len(c.pad)
-    d = c.params["dim"] % rank
-    perm = (*range(d), rank, *range(d, rank))
-    joined = f"tl.join({c.f32(a, 0)}, {c.f32(b, 1)})"
-    return f"tl.reshape(tl.permute({joined}, {perm}), {_shape(c.pad)})"
-
-
-# ---------------------------------------------------------------------------- accumulators
-def _zeros(c: OpCtx) -> str:
-    return f"tl.zeros({_shape(c.pad)}, dtype=tl.float32)"
-
-
-def _sum_last(c: OpCtx, expr: str) -> str:
-    return f"tl.sum({c.masked(expr, 0, (-1,), '0.0')}, axis={len(c.pad) - 1}, keep_dims=True)"
-
-
-def _count(c: OpCtx) -> str:
-    return repr(float(c.plan.forloop_range * c.arg_tile(0)[-1]))
-
-
-def _todimx(c: OpCtx, x: str) -> str:
-    pads = c.plan.pads[c.args[0]]
-    dimx = c.params["dimx"]
-    split = (*pads[:-1], pads[-1] // dimx, dimx)
-    return f"tl.sum(tl.reshape({c.f32(x, 0)}, {_shape(split)}), axis={len(pads) - 1})"
-
-
-def _sq(c: OpCtx, x: str) -> str:
-    x32 = c.f32(x, 0)
-    return f"{x32} * {x32}"
-
-
-def _same(c: OpCtx, s: str) -> str:
-    return s
-
-
-registry.add(BACKEND, "accum_sum", AccumRule(_zeros, lambda c, s, x: f"{s} + {c.f32(x, 0)}", _same))
-registry.add(
-    BACKEND,
-    "accum_sum_last",
-    AccumRule(_zeros, lambda c, s, x: f"{s} + {_sum_last(c, c.f32(x, 0))}", _same),
-)
-registry.add(
-    BACKEND,
-    "accum_mean_last",
-    AccumRule(
-        _zeros,
-        lambda c, s, x: f"{s} + {_sum_last(c, c.f32(x, 0))}",
-        lambda c, s: f"{s} / {_count(c)}",
-    ),
-)
-registry.add(
-    BACKEND,
-    "accum_rms_last",
-    AccumRule(
-        _zeros,
-        lambda c, s, x: f"{s} + {_sum_last(c, _sq(c, x))}",
-        lambda c, s: f"tl.sqrt({s} / {_count(c)} + {c.eps})",
-    ),
-)
-registry.add(
-    BACKEND, "accum_sum_todimx", AccumRule(_zeros, lambda c, s, x: f"{s} + {_todimx(c, x)}", _same)
-)
-registry.add(
-    BACKEND,
-    "accum_max",
-    AccumRule(
-        lambda c: f'tl.full({_shape(c.pad)}, float("-inf"), tl.float32)',
-        lambda c, s, x: f"tl.maximum({s}, {c.f32(x, 0)})",
-        _same,
-    ),
-)
-
-
-def _rescale(last: bool):
-    def update(c: OpCtx, s: str, x: str, m: str, old: str, new: str) -> str:
-        y = f"{c.f32(x, 0)} * tl.exp({c.f32(m, 1)} - {new})"
-        if last:
-            y = _sum_last(c, y)
-        return f"{s} * tl.exp({old} - {new}) + {y}"
-
-    return update
-
-
-registry.add(BACKEND, "accum_rescale_sum", AccumRule(_zeros, _rescale(False), _same))
-registry.add(BACKEND, "accum_rescale_sum_last", AccumRule(_zeros, _rescale(True), _same))
 
 
 # ---------------------------------------------------------------------------- the generator
@@ -356,38 +88,107 @@ def generate_source(
 ) -> str:
     """The readable `@triton.jit` source of one planned kernel (inputs, then outputs); inputs
     in `views` are stored permuted (`_tile_access`)."""
-    views = views or {}
-    bg, n_in = plan.bg, plan.n_in
     lines: list[str] = []
     emit = lines.append
-    ins = [f"in{k}" for k in range(n_in)]
-    outs = [f"out{j}" for j in range(len(bg.outputs))]
+    ins = [f"in{k}" for k in range(plan.n_in)]
+    outs = [f"out{j}" for j in range(len(plan.bg.outputs))]
     emit("@triton.jit")
     emit(f"def {name}({', '.join(ins + outs)}):")
     pids = [f"pid{a}" for a in range(len(plan.grid))]
     for a, g in enumerate(plan.grid):
         emit(f"    pid{a} = tl.program_id({a})  # grid axis {a}: {g} blocks")
+    _body(plan, config, views or {}, emit, "", pids, "    ")
+    head = [
+        "# Generated by mirage_jax.lower.triton from one graph-defined µGraph kernel; do not edit.",
+        f"# grid {plan.grid}, forloop_range {plan.forloop_range}; {config}",
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
+def generate_group_source(
+    plans: Sequence[KernelPlan],
+    config: TritonConfig,
+    name: str,
+    views: Sequence[Mapping[int, tuple]] | None = None,
+) -> str:
+    """The `@triton.jit` source of several independent planned kernels launched as one: a 1-D
+    grid of all their blocks, one after another; each block runs the kernel its index falls
+    in, with that kernel's own grid position (`mugraph.ONE_LAUNCH`). Arguments: every
+    kernel's inputs, kernel after kernel, then every kernel's outputs (jax-triton's order);
+    names prefixed `k{i}_` per kernel."""
+    views = list(views or [{}] * len(plans))
+    lines: list[str] = []
+    emit = lines.append
+    args = [f"k{i}_in{k}" for i, plan in enumerate(plans) for k in range(plan.n_in)]
+    args += [f"k{i}_out{j}" for i, plan in enumerate(plans) for j in range(len(plan.bg.outputs))]
+    emit("@triton.jit")
+    emit(f"def {name}({', '.join(args)}):")
+    emit("    pid = tl.program_id(0)")
+    start = 0
+    for i, plan in enumerate(plans):
+        n = math.prod(plan.grid)
+        test = (
+            "else" if i == len(plans) - 1 else ("if" if i == 0 else "elif") + f" pid < {start + n}"
+        )
+        emit(f"    {test}:  # kernel {i}: grid {plan.grid}, blocks {start}..{start + n - 1}")
+        emit(f"        k{i}_local = pid - {start}")
+        pids = []
+        for a, g in enumerate(plan.grid):
+            inner = math.prod(plan.grid[a + 1 :])
+            expr = f"k{i}_local // {inner}" if inner > 1 else f"k{i}_local"
+            emit(f"        k{i}_pid{a} = ({expr}) % {g}")
+            pids.append(f"k{i}_pid{a}")
+        _body(plan, config, views[i], emit, f"k{i}_", pids, "        ")
+        start += n
+    head = [
+        "# Generated by mirage_jax.lower.triton from independent graph-defined µGraph kernels",
+        f"# launched as one; grids {[p.grid for p in plans]}; {config}; do not edit.",
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
+def _body(
+    plan: KernelPlan,
+    config: TritonConfig,
+    views: Mapping[int, tuple],
+    emit: Callable[[str], Any],
+    p: str,
+    pids: list[str],
+    ind: str,
+) -> None:
+    """Emit the statements of one planned kernel, its names prefixed with `p`, its grid
+    position in the expressions `pids`, indented by `ind`."""
+    bg, n_in = plan.bg, plan.n_in
     access = {}
     for k, dims in enumerate(plan.inputs):
         b = bg.inputs[k]
         emit(
-            f"    # in{k}: {b.dtype}{list(b.shape)}, imap {b.imap}, forloop_dim {b.forloop_dim}, "
-            f"tile {list(plan.tile(k))} (padded {list(plan.pads[k])})"
+            f"{ind}# {p}in{k}: {b.dtype}{list(b.shape)}, imap {b.imap}, forloop_dim "
+            f"{b.forloop_dim}, tile {list(plan.tile(k))} (padded {list(plan.pads[k])})"
         )
         if k in views:
-            emit(f"    # in{k} is stored as the array whose transpose {views[k]} it is: a view")
+            emit(f"{ind}# {p}in{k} is stored as the array whose transpose {views[k]} it is: a view")
         base, step, offs, mask = _tile_access(dims, pids, views.get(k))
-        emit(f"    in{k}_ptrs = in{k} + {base} + {offs}")
+        emit(f"{ind}{p}in{k}_ptrs = {p}in{k} + {base} + {offs}")
         if mask:
-            emit(f"    in{k}_mask = {mask}")
+            emit(f"{ind}{p}in{k}_mask = {mask}")
         access[k] = (step, mask)
     is_f32: dict[int, bool] = {}
+    it = f"{p}it"
 
     def load(k: int, indent: str) -> None:
         step, mask = access[k]
-        ptr = f"in{k}_ptrs" if step == "0" else f"in{k}_ptrs + it * {step}"
-        m = f", mask=in{k}_mask, other=0.0" if mask else ""
-        emit(f"{indent}t{k} = tl.load({ptr}{m})")
+        ptr = f"{p}in{k}_ptrs" if step == "0" else f"{p}in{k}_ptrs + {it} * {step}"
+        m = f", mask={p}in{k}_mask, other=0.0" if mask else ""
+        emit(f"{indent}{p}t{k} = tl.load({ptr}{m})")
         is_f32[k] = bg.inputs[k].dtype == "float32"
 
     def ctx_of(t: int) -> OpCtx:
@@ -396,72 +197,64 @@ def generate_source(
 
     def compute(t: int, indent: str) -> None:
         op = plan.op(t)
-        expr = registry.rule(BACKEND, op.op)(ctx_of(t), *[f"t{a}" for a in op.args])
-        emit(f"{indent}t{t} = {expr}  # {op.op} -> {list(plan.tile(t))}")
+        expr = registry.rule(BACKEND, op.op)(ctx_of(t), *[f"{p}t{a}" for a in op.args])
+        emit(f"{indent}{p}t{t} = {expr}  # {op.op} -> {list(plan.tile(t))}")
         is_f32[t] = True
 
     op_ids = range(n_in, n_in + len(bg.ops))
     accs = plan.accumulators
-    emit("    # before the for-loop: loop-invariant tiles")
+    emit(f"{ind}# before the for-loop: loop-invariant tiles")
     for k in range(n_in):
         if plan.phases[k] == "pre":
-            load(k, "    ")
+            load(k, ind)
     for t in op_ids:
         if plan.phases[t] == "pre" and t not in accs:
-            compute(t, "    ")
+            compute(t, ind)
     for t in accs:
-        emit(f"    acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
+        emit(f"{ind}{p}acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
     F = plan.forloop_range
     if F == 1:
-        indent = "    "
-        emit("    it = 0  # forloop_range 1: no loop")
+        inner = ind
+        emit(f"{ind}{it} = 0  # forloop_range 1: no loop")
     else:
-        indent = "        "
+        inner = ind + "    "
         unroll = min(config.loop_unroll, F)
         rng = f"tl.range(0, {F}, loop_unroll_factor={unroll})" if unroll > 1 else f"range(0, {F})"
-        emit(f"    for it in {rng}:")
+        emit(f"{ind}for {it} in {rng}:")
     for k in range(n_in):
         if plan.phases[k] == "loop":
-            load(k, indent)
+            load(k, inner)
     for t in op_ids:
         if plan.phases[t] == "loop":
-            compute(t, indent)
+            compute(t, inner)
     order = sorted(accs, key=lambda t: plan.op(t).op != "accum_max")
     for t in order:
         op = plan.op(t)
-        args = [f"t{a}" for a in op.args]
+        args = [f"{p}t{a}" for a in op.args]
         if t in plan.shifts:
             big = plan.shifts[t]
-            args = [args[0], args[1], f"acc{big}", f"new{big}"]
-        expr = registry.rule(BACKEND, op.op).update(ctx_of(t), f"acc{t}", *args)
-        emit(f"{indent}new{t} = {expr}  # {op.op}")
+            args = [args[0], args[1], f"{p}acc{big}", f"{p}new{big}"]
+        expr = registry.rule(BACKEND, op.op).update(ctx_of(t), f"{p}acc{t}", *args)
+        emit(f"{inner}{p}new{t} = {expr}  # {op.op}")
     for t in accs:
-        emit(f"{indent}acc{t} = new{t}")
+        emit(f"{inner}{p}acc{t} = {p}new{t}")
     if F == 1 and not accs:
-        emit("    pass")
-    emit("    # after the loop: finalise the accumulators, the epilogue, the stores")
+        emit(f"{ind}pass")
+    emit(f"{ind}# after the loop: finalise the accumulators, the epilogue, the stores")
     for t in accs:
-        emit(f"    t{t} = {registry.rule(BACKEND, plan.op(t).op).finalise(ctx_of(t), f'acc{t}')}")
+        fin = registry.rule(BACKEND, plan.op(t).op).finalise(ctx_of(t), f"{p}acc{t}")
+        emit(f"{ind}{p}t{t} = {fin}")
         is_f32[t] = True
     for t in op_ids:
         if plan.phases[t] == "post" and t not in accs:
-            compute(t, "    ")
+            compute(t, ind)
     for j, o in enumerate(bg.outputs):
         dims = plan.outputs[j]
         base, _, offs, mask = _tile_access(dims, pids)
         dt = TL_DTYPES[plan.dtype(o.arg)]
         m = f", mask={mask}" if mask else ""
-        emit(f"    # out{j}: {list(plan.output_shapes[j])}, omap {o.omap}")
-        emit(f"    tl.store(out{j} + {base} + {offs}, t{o.arg}.to({dt}){m})")
-    head = [
-        "# Generated by mirage_jax.lower.triton from one graph-defined µGraph kernel; do not edit.",
-        f"# grid {plan.grid}, forloop_range {F}; {config}",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "",
-    ]
-    return "\n".join(head + lines) + "\n"
+        emit(f"{ind}# {p}out{j}: {list(plan.output_shapes[j])}, omap {o.omap}")
+        emit(f"{ind}tl.store({p}out{j} + {base} + {offs}, {p}t{o.arg}.to({dt}){m})")
 
 
 # ---------------------------------------------------------------------------- the source
@@ -551,6 +344,77 @@ def build_kernel(
         )
 
     return sequential_batching(kernel)  # jax-triton's custom call has no batching rule
+
+
+def build_group(
+    plans: Sequence[KernelPlan],
+    config: TritonConfig,
+    *,
+    interpret: bool,
+    where: str,
+    views: Sequence[Mapping[int, tuple]] | None = None,
+) -> Callable[..., list[jax.Array]]:
+    """One launch of several independent planned kernels (`generate_group_source`): a function
+    of every kernel's arguments, kernel after kernel, returning every kernel's outputs."""
+    if not isinstance(config, TritonConfig):
+        raise LoweringError(f"{where}: the triton backend takes a TritonConfig, got {config!r}")
+    views = list(views or [{}] * len(plans))
+    for plan in plans:
+        check_rules(plan, where)
+        if len(plan.grid) > 3:
+            raise LoweringError(f"{where}: grid {plan.grid} has more than 3 axes (Triton's limit)")
+    try:
+        stages = min(plan.stages(config.num_stages) for plan in plans)
+    except LoweringError as e:
+        raise LoweringError(f"{where}: {e}") from None
+    key = tuple((p.bg, p.pads, tuple(sorted(v.items()))) for p, v in zip(plans, views))
+    name = "mugraph_group_" + hashlib.sha256(repr((key, config)).encode()).hexdigest()[:16]
+    source = generate_group_source(plans, config, name, views)
+    try:
+        fn = load_kernel(name, source)
+    except ImportError as e:
+        raise LoweringError(
+            f"{where}: the triton backend needs the `triton` package: {e}"
+        ) from None
+    out_shape = [
+        jax.ShapeDtypeStruct(s, plan.dtype(o.arg))
+        for plan in plans
+        for s, o in zip(plan.output_shapes, plan.bg.outputs)
+    ]
+    grid = (sum(math.prod(plan.grid) for plan in plans),)
+    if interpret:
+
+        def host(*xs: np.ndarray) -> list[np.ndarray]:
+            ins = [np.ascontiguousarray(np.asarray(x)) for x in xs]
+            outs = [np.full(o.shape, np.nan, o.dtype) for o in out_shape]
+            interpret_kernel(fn, grid, *ins, *outs)
+            return outs
+
+        def kernel(*xs: jax.Array) -> list[jax.Array]:
+            return list(jax.pure_callback(host, out_shape, *xs))
+
+        return sequential_batching(kernel)
+    try:
+        import jax_triton as jt
+    except ImportError as e:
+        raise LoweringError(
+            f"{where}: the triton backend needs jax-triton 0.3.1 (with triton 3.6) on a GPU: {e}"
+        ) from None
+
+    def kernel(*xs: jax.Array) -> list[jax.Array]:
+        return list(
+            jt.triton_call(
+                *xs,
+                kernel=fn,
+                out_shape=out_shape,
+                grid=grid,
+                num_warps=config.num_warps,
+                num_stages=stages,
+                name=name,
+            )
+        )
+
+    return sequential_batching(kernel)
 
 
 def sequential_batching(kernel: Callable[..., Sequence[jax.Array]]) -> Callable[..., list]:

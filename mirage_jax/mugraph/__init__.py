@@ -5,6 +5,7 @@ from mirage_jax.mugraph.evaluate import evaluate_reference as evaluate_reference
 from mirage_jax.mugraph.evaluate import interpret as interpret
 from mirage_jax.mugraph.evaluate import run_block_graph as run_block_graph
 from mirage_jax.mugraph.graph import GRID_AXES as GRID_AXES
+from mirage_jax.mugraph.graph import ONE_LAUNCH as ONE_LAUNCH
 from mirage_jax.mugraph.graph import BlockGraph as BlockGraph
 from mirage_jax.mugraph.graph import BlockGraphBuilder as BlockGraphBuilder
 from mirage_jax.mugraph.graph import BlockInput as BlockInput

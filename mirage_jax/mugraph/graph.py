@@ -235,6 +235,13 @@ class KernelOp:
         return len(self.block_graph.outputs) if self.block_graph is not None else 1
 
 
+ONE_LAUNCH = "one_launch"
+"""µGraph meta key (True): its graph-defined kernels, all independent, run as one launch whose
+grid is theirs one after another (the triton backend; others launch them one by one). The
+meaning is unchanged, only the launch: a decode norm before Q, K and V projections of different
+widths gets each projection its own tiling in one kernel (`MuGraph.one_launch`)."""
+
+
 @dataclass(frozen=True, eq=False)
 class MuGraph:
     """A canonical kernel graph. Build with `MuGraph.build` (or `MuGraphBuilder`).
@@ -343,6 +350,17 @@ class MuGraph:
 
     def graph_defined(self) -> list[tuple[int, KernelOp]]:
         return [(i, op) for i, op in enumerate(self.ops) if op.block_graph is not None]
+
+    def one_launch(self) -> tuple[int, ...]:
+        """The graph-defined kernels launched as one (`ONE_LAUNCH` in the meta, and two or
+        more of them, all independent: each reads only the µGraph's inputs), else ()."""
+        if not self.meta.get(ONE_LAUNCH):
+            return ()
+        ks = [i for i, op in enumerate(self.ops) if op.op == "graph_defined"]
+        inputs = {i for i, op in enumerate(self.ops) if op.op == "input"}
+        if len(ks) < 2 or any(a[0] not in inputs for i in ks for a in self.ops[i].args):
+            return ()
+        return tuple(ks)
 
     def interpret(self, inputs: Sequence[Any], algebra: Any) -> list[Any]:
         """Evaluate over an Algebra (the interface µGraphs share with lax_ir Programs)."""

@@ -207,4 +207,8 @@ def estimate(g: MuGraph, device: Device = H100) -> Cost:
         total_b += b
         total_f += f
         blocks_list.append(n_blocks)
+    grouped = g.one_launch()  # one launch for these kernels: their other launches saved
+    if grouped:
+        total_s -= device.launch_s * (len(grouped) - 1)
+        kernels -= len(grouped) - 1
     return Cost(total_s, total_b, total_f, kernels, tuple(blocks_list))

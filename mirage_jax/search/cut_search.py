@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from lax_ir.program import Program
-from mirage_jax.mugraph import MuGraph, MuGraphError
+from mirage_jax.mugraph import ONE_LAUNCH, MuGraph, MuGraphError
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import cuts as cut_mod
 from mirage_jax.search import hfuse
@@ -85,11 +85,18 @@ FUSED_KEPT = 4
 def _fused(
     g: MuGraph, program: Program, meta: dict, desc: str, budget, seed, target, device, stats: dict
 ) -> list:
-    """The stitched µGraph's kernels fused into one (`hfuse.fused_variants`), each verified
-    against the region at full size; (cost, µGraph, description) for those that pass."""
+    """The stitched µGraph's kernels as one launch (`ONE_LAUNCH`: the same kernels, so the same
+    verdict) and fused into one (`hfuse.fused_variants`), each of those verified against the
+    region at full size; (cost, µGraph, description) for those that pass."""
     import fields
 
     out = []
+    if hfuse.fusible(g):  # the same kernels, each with its own tiling, as one launch
+        one = MuGraph(g.ops, g.outputs, {**meta, ONE_LAUNCH: True})
+        c = cost_model.estimate(one, device)
+        d = "one launch for all outputs: " + desc.split(": ", 1)[-1]
+        one = MuGraph(g.ops, g.outputs, {**one.meta, "structure": d, "cost": c.to_dict()})
+        out.append((c.seconds, one, d))
     for cost_s, f in hfuse.fused_variants(g, target, device, keep=FUSED_KEPT):
         v = fields.verify(f, program, trials=budget.trials, seed=seed)
         if not v:

@@ -44,8 +44,9 @@ the model errs by less than that in this direction (its misses are kernels it th
 
 
 def signature(g: MuGraph) -> tuple:
-    """What a lowering sees of a µGraph: per kernel its grid, loop range and op names."""
-    return tuple(
+    """What a lowering sees of a µGraph: per kernel its grid, loop range and op names, and
+    which kernels are launched as one."""
+    kernels = tuple(
         (
             op.block_graph.grid,
             op.block_graph.forloop_range,
@@ -56,6 +57,7 @@ def signature(g: MuGraph) -> tuple:
         for op in g.ops
         if op.op != "input"
     )
+    return (g.one_launch(), *kernels)
 
 
 def plan(g: MuGraph) -> tuple[str, ...]:
