@@ -160,3 +160,35 @@ def test_kernels_within_the_tie_run_as_jax_jit(monkeypatch) -> None:
         assert got.kernels_us == mine and got.xla_us == 100.0
         if want == "xla":
             assert "not faster by 1%" in got.reason
+
+
+def test_a_check_is_measured_once_then_recalled_from_the_memo_and_the_cache(
+    tmp_path, monkeypatch
+) -> None:
+    """`checked`: measured (eagerly) the first time and stored; the same memo recalls it; a
+    new memo (another function object) finds it in the cache with both times."""
+    import jax.numpy as jnp
+
+    import lax_ir
+    from mirage_jax import function_check
+    from mirage_jax.cache import Cache
+
+    program = lax_ir.capture(lambda x: jnp.tanh(x) * 2.0, jnp.ones((4, 8), jnp.float32))
+    calls = []
+
+    def measure(program, assembled, seed=0, calls_=30, xla_us=None):
+        calls.append(xla_us)
+        return FunctionCheck("kernels", 80.0, 100.0, "fake", "measured", None)
+
+    monkeypatch.setattr(function_check, "measure", measure)
+    cache = Cache(tmp_path / "c.sqlite")
+    memo: dict = {}
+    args = (program, ["k1", "k2"], lambda xs: xs, "triton")
+    first = function_check.checked(*args, cache=cache, memo=memo, xla_us=100.0)
+    assert first.choice == "kernels" and calls == [100.0]
+    assert function_check.checked(*args, cache=cache, memo=memo) is first
+    again = function_check.checked(*args, cache=cache, memo={})
+    assert again.source == "cache" and (again.kernels_us, again.xla_us) == (80.0, 100.0)
+    assert calls == [100.0]  # measured once
+    other = function_check.checked(program, ["k1"], lambda xs: xs, "triton", cache=cache, memo={})
+    assert other is not None and len(calls) == 2  # other kernels: another check
