@@ -301,22 +301,38 @@ def build_kernel(
     except LoweringError as e:
         raise LoweringError(f"{where}: {e}") from None
     name, source = kernel_source(plan, config, views)
+    out_shape = [
+        jax.ShapeDtypeStruct(s, plan.dtype(o.arg))
+        for s, o in zip(plan.output_shapes, plan.bg.outputs)
+    ]
+    return _launcher(name, source, out_shape, plan.grid, config, stages, interpret, where)
+
+
+def _launcher(
+    name: str,
+    source: str,
+    out_shape: list[jax.ShapeDtypeStruct],
+    grid: tuple[int, ...],
+    config: TritonConfig,
+    stages: int,
+    interpret: bool,
+    where: str,
+) -> Callable[..., list[jax.Array]]:
+    """A function of a generated kernel's inputs launching it over `grid` (jax-triton on a
+    GPU; Triton's interpreter through `jax.pure_callback` with `interpret`), its outputs
+    `out_shape`; with a vmap rule (`sequential_batching`)."""
     try:
         fn = load_kernel(name, source)
     except ImportError as e:
         raise LoweringError(
             f"{where}: the triton backend needs the `triton` package: {e}"
         ) from None
-    out_shape = [
-        jax.ShapeDtypeStruct(s, plan.dtype(o.arg))
-        for s, o in zip(plan.output_shapes, plan.bg.outputs)
-    ]
     if interpret:
 
         def host(*xs: np.ndarray) -> list[np.ndarray]:
             ins = [np.ascontiguousarray(np.asarray(x)) for x in xs]
             outs = [np.full(o.shape, np.nan, o.dtype) for o in out_shape]
-            interpret_kernel(fn, plan.grid, *ins, *outs)
+            interpret_kernel(fn, grid, *ins, *outs)
             return outs
 
         def kernel(*xs: jax.Array) -> list[jax.Array]:
@@ -336,7 +352,7 @@ def build_kernel(
                 *xs,
                 kernel=fn,
                 out_shape=out_shape,
-                grid=plan.grid,
+                grid=grid,
                 num_warps=config.num_warps,
                 num_stages=stages,
                 name=name,
@@ -370,51 +386,13 @@ def build_group(
     key = tuple((p.bg, p.pads, tuple(sorted(v.items()))) for p, v in zip(plans, views))
     name = "mugraph_group_" + hashlib.sha256(repr((key, config)).encode()).hexdigest()[:16]
     source = generate_group_source(plans, config, name, views)
-    try:
-        fn = load_kernel(name, source)
-    except ImportError as e:
-        raise LoweringError(
-            f"{where}: the triton backend needs the `triton` package: {e}"
-        ) from None
     out_shape = [
         jax.ShapeDtypeStruct(s, plan.dtype(o.arg))
         for plan in plans
         for s, o in zip(plan.output_shapes, plan.bg.outputs)
     ]
     grid = (sum(math.prod(plan.grid) for plan in plans),)
-    if interpret:
-
-        def host(*xs: np.ndarray) -> list[np.ndarray]:
-            ins = [np.ascontiguousarray(np.asarray(x)) for x in xs]
-            outs = [np.full(o.shape, np.nan, o.dtype) for o in out_shape]
-            interpret_kernel(fn, grid, *ins, *outs)
-            return outs
-
-        def kernel(*xs: jax.Array) -> list[jax.Array]:
-            return list(jax.pure_callback(host, out_shape, *xs))
-
-        return sequential_batching(kernel)
-    try:
-        import jax_triton as jt
-    except ImportError as e:
-        raise LoweringError(
-            f"{where}: the triton backend needs jax-triton 0.3.1 (with triton 3.6) on a GPU: {e}"
-        ) from None
-
-    def kernel(*xs: jax.Array) -> list[jax.Array]:
-        return list(
-            jt.triton_call(
-                *xs,
-                kernel=fn,
-                out_shape=out_shape,
-                grid=grid,
-                num_warps=config.num_warps,
-                num_stages=stages,
-                name=name,
-            )
-        )
-
-    return sequential_batching(kernel)
+    return _launcher(name, source, out_shape, grid, config, stages, interpret, where)
 
 
 def sequential_batching(kernel: Callable[..., Sequence[jax.Array]]) -> Callable[..., list]:
