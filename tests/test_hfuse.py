@@ -100,3 +100,34 @@ def test_projections_of_different_widths_get_one_launch() -> None:
             np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-4, atol=1e-4)
     if "triton" not in backends:
         pytest.skip("triton not installed: the one launch was checked with pallas-interpret only")
+
+
+def test_a_loop_free_tiling_is_offered_as_one_launch_too() -> None:
+    """Where the pieces' best µGraphs loop over K (8 rows, K=1024: the cost model's choice),
+    their best loop-free ones are stitched and offered as one launch as well, verified."""
+
+    def qkv16(x, g, wq, wk, wv):
+        xf = x.astype(jnp.float32)
+        r = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-5)
+        h = (xf * r * g.astype(jnp.float32)).astype(jnp.float16)
+        return h @ wq, h @ wk, h @ wv
+
+    specs = [(8, 1024), (1, 1024), (1024, 1024), (1024, 256), (1024, 256)]
+    args = [jax.ShapeDtypeStruct(s, jnp.float16) for s in specs]
+    part = lax_ir.partition(lax_ir.capture(qkv16, *args))
+    (region,) = [r for r in part.regions if not r.is_trivial]
+    program = region.program
+    res = search(program, budget=Budget(time_s=120), seed=0, workers=1)
+    loop_free = [g for g in res.mugraphs if "one launch for all outputs, loop-free" in
+                 g.meta["structure"]]  # fmt: skip
+    assert loop_free, [g.meta["structure"][:60] for g in res.mugraphs]
+    g = loop_free[0]
+    assert len(g.one_launch()) == 3 and g.meta["verified"] == "full"
+    assert all(op.block_graph.forloop_range == 1 for _, op in g.graph_defined())
+    rng = np.random.default_rng(0)
+    xs = [(rng.standard_normal(s) * 0.5).astype(np.float16) for s in specs]
+    got = lower(g, backend="reference")(*xs)
+    want = lax_ir.evaluate(program, *xs)
+    for o, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(w, np.float32),
+                                   rtol=2e-2, atol=2e-2)  # fmt: skip
