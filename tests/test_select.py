@@ -267,3 +267,19 @@ def test_candidates_compile_together_and_are_timed_alone():
     assert len({e[3] for e in lowers}) > 1  # in several threads
     assert max(e[2] for e in lowers) <= min(e[1] for e in times)  # all ready before timing
     assert all(a[2] <= b[1] for a, b in itertools.pairwise(times))  # one timing at a time
+
+
+def test_one_launch_forms_are_timed_beside_the_top_not_instead() -> None:
+    """A one-launch form (`ONE_LAUNCH`) first of its structure is timed in addition to the
+    `top`: the µGraphs timed without it are all still timed."""
+    from types import SimpleNamespace
+
+    from mirage_jax.mugraph import ONE_LAUNCH
+    from mirage_jax.select import timing_order
+
+    plain = [SimpleNamespace(meta={"structure": s}) for s in "aaab"]
+    one = [SimpleNamespace(meta={"structure": s, ONE_LAUNCH: True}) for s in "cc"]
+    gs = [plain[0], one[0], one[1], *plain[1:]]
+    assert [k for k, _ in timing_order(plain, 3)] == [0, 3, 1]
+    assert [k for k, _ in timing_order(gs, 3)] == [0, 1, 5, 3]  # and the first "c" beside
+    assert [k for k, _ in timing_order(gs, None)] == [0, 1, 5, 2, 3, 4]
