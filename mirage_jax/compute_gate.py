@@ -71,22 +71,12 @@ def time_xla(
     """XLA's time for the region (µs) and the method, measured as `select` measures it: in
     `context` (`select.InContext`) where the region has layout steps at its interface, else
     on the canonical inputs; kept for `known_xla`."""
-    import jax
+    from mirage_jax.select import IN_CONTEXT, _default_timer, as_timing, random_inputs, xla_timed_fn
 
-    import lax_ir
-    from mirage_jax.select import _default_timer, random_inputs
-
-    def fn(*xs):
-        return tuple(lax_ir.evaluate(program, *xs))
-
+    run = xla_timed_fn(program, lambda s: random_inputs(program, opts.seed + s), context)
+    us, method = as_timing((timer or _default_timer)(*run))
     if context is not None:
-        run, feed = jax.jit(context.wrap(fn, False)), context.inputs
-    else:
-        run, feed = jax.jit(fn), (lambda s: random_inputs(program, opts.seed + s))
-    got = (timer or _default_timer)(run, feed)
-    us, method = got if isinstance(got, tuple) else (float(got), "")
-    if context is not None:
-        method += ", in context (the region's own inputs and layout steps)"
+        method += IN_CONTEXT
     with _LOCK:
         _XLA[_key(program, opts, backend, context is not None)] = (us, method)
     return us, method

@@ -122,11 +122,9 @@ def compute_gated(
     failure to time it is reported (strict: raised) and the region is searched as usual."""
     from mirage_jax import compute_gate
 
-    if not (has_gpu() and backends.get(backend).needs_gpu):
+    if not timed_here(backend):
         return None
-    context = None
-    if avals is not None and program.meta.get("interface"):
-        context = in_context(program, opts, backend, avals)
+    context = in_context(program, opts, backend, avals) if has_steps(program, avals) else None
     try:
         got = eagerly(compute_gate.unwinnable, program, opts, backend, device_kind(), context)
     except Exception as e:
@@ -142,6 +140,17 @@ def compute_gated(
         return None
     reason, timings = got
     return SearchOutcome(None, None, None, timings, reason)
+
+
+def timed_here(backend: str) -> bool:
+    """Are kernels timed against XLA here (a GPU, and a backend that runs on it)?"""
+    return has_gpu() and backends.get(backend).needs_gpu
+
+
+def has_steps(program: Any, avals: Sequence[tuple] | None) -> bool:
+    """Is the region timed in context (`in_context`): its own input `avals` known, and layout
+    steps at its interface?"""
+    return avals is not None and bool(program.meta.get("interface"))
 
 
 def done(value: Any) -> Future:
@@ -238,8 +247,8 @@ def select_searched(
     from mirage_jax.select import FLOAT_TOL, random_inputs, select
 
     t0 = time.perf_counter()
-    timed = has_gpu() and backends.get(backend).needs_gpu
-    context = timed and avals is not None and bool(program.meta.get("interface"))
+    timed = timed_here(backend)
+    context = timed and has_steps(program, avals)
     sel = select(
         result,
         program,

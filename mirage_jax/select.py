@@ -234,19 +234,17 @@ def select(
 
         lower = lower_fn
 
-    def timed_fn(fn, kernel: bool = False, mugraph: MuGraph | None = None, order=None):
-        """The function to time and its inputs: as the function calls the region (`context`:
-        its own inputs, the interface's steps) or on the canonical inputs."""
+    def timed_fn(fn, mugraph: MuGraph, order=None):
+        """A kernel's function to time and its inputs: as the function calls the region
+        (`context`: its own inputs, the interface's steps) or on the canonical inputs."""
         if context is not None:
-            if kernel:
-                raw = context.lower(mugraph, backend=backend)
-                fn = (lambda *xs: [raw(*xs)[i] for i in order]) if order else raw
-            return jax.jit(context.wrap(fn, kernel)), context.inputs
-        return (fn if kernel else jax.jit(fn)), inputs
+            raw = context.lower(mugraph, backend=backend)
+            fn = (lambda *xs: [raw(*xs)[i] for i in order]) if order else raw
+            return jax.jit(context.wrap(fn, True)), context.inputs
+        return fn, inputs
 
     def run_timer(fn, feed):
-        got = timer(fn, feed)
-        return got if isinstance(got, tuple) else (float(got), "")
+        return as_timing(timer(fn, feed))
 
     def tol(dtype: str) -> float:
         return rtol.get(dtype, 2e-2) if isinstance(rtol, Mapping) else rtol
@@ -268,7 +266,7 @@ def select(
     if timed and xla is not None:
         xla_us, method = xla
     elif timed:
-        xla_run = timed_fn(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
+        xla_run = xla_timed_fn(program, inputs, context)
     with phase("reference_s"):
         xs = inputs(0)
         reference = [np.asarray(o, np.float64) for o in lax_ir.evaluate_reference(program, *xs)]
@@ -299,7 +297,7 @@ def select(
             run = None
             if timed:
                 with phase("lower_s"):  # the timed function compiled here, not in the timing
-                    run = timed_fn(fn, True, g, order)
+                    run = timed_fn(fn, g, order)
                     jax.block_until_ready(run[0](*run[1](0)))
         except Exception as e:  # a failure drops the candidate, with the reason
             if strict and not isinstance(e, (LoweringError, NotEqual)):
@@ -337,7 +335,7 @@ def select(
             with phase("xla_s"):
                 xla_us, method = run_timer(*xla_run)
             if context is not None:
-                method += ", in context (the region's own inputs and layout steps)"
+                method += IN_CONTEXT
     else:  # one after another, until the first that passes
         prepared = (prepare(f"mugraph[{k}]", g) for k, g in candidates)
     contenders = [Contender("xla", xla_us)]
@@ -372,6 +370,32 @@ def select(
     margin = f"within {tie:.0%} or slower" if tie else "not faster"
     why = f"XLA kept: {xla_us:.2f} µs, best µGraph {best[0]:.2f} µs ({margin})"
     return Selection(None, why, tuple(contenders), method, backend, {"phases": phases})
+
+
+IN_CONTEXT = ", in context (the region's own inputs and layout steps)"
+"""What a timing method says when it was timed as the function calls the region."""
+
+
+def xla_timed_fn(
+    program: Program, inputs: Callable[[int], Sequence[Any]], context: InContext | None = None
+) -> tuple[Callable[..., Any], Callable[[int], Sequence[Any]]]:
+    """XLA's function for the region and the inputs `select` times it on: in `context` (the
+    region's own inputs, the interface's steps) where given, else on `inputs`."""
+    import jax
+
+    import lax_ir
+
+    def fn(*xs):
+        return tuple(lax_ir.evaluate(program, *xs))
+
+    if context is not None:
+        return jax.jit(context.wrap(fn, False)), context.inputs
+    return jax.jit(fn), inputs
+
+
+def as_timing(got: Any) -> tuple[float, str]:
+    """A timer's answer as (µs, method): a timer may return the µs alone."""
+    return got if isinstance(got, tuple) else (float(got), "")
 
 
 def _warm_xla(run: tuple, phase: Callable[[str], Any]) -> None:
