@@ -351,16 +351,20 @@ class MuGraph:
     def graph_defined(self) -> list[tuple[int, KernelOp]]:
         return [(i, op) for i, op in enumerate(self.ops) if op.block_graph is not None]
 
-    def one_launch(self) -> tuple[int, ...]:
-        """The graph-defined kernels launched as one (`ONE_LAUNCH` in the meta, and two or
-        more of them, all independent: each reads only the µGraph's inputs), else ()."""
-        if not self.meta.get(ONE_LAUNCH):
-            return ()
+    def independent_kernels(self) -> tuple[int, ...]:
+        """The graph-defined kernels, if there are two or more, the µGraph has no other kernel
+        ops, and each reads only its inputs (they can run in any order or at once); else ()."""
         ks = [i for i, op in enumerate(self.ops) if op.op == "graph_defined"]
-        inputs = {i for i, op in enumerate(self.ops) if op.op == "input"}
-        if len(ks) < 2 or any(a[0] not in inputs for i in ks for a in self.ops[i].args):
+        if len(ks) < 2 or any(op.op not in ("input", "graph_defined") for op in self.ops):
+            return ()
+        if any(self.ops[a[0]].op != "input" for i in ks for a in self.ops[i].args):
             return ()
         return tuple(ks)
+
+    def one_launch(self) -> tuple[int, ...]:
+        """The graph-defined kernels launched as one: `independent_kernels` where the meta has
+        `ONE_LAUNCH`, else ()."""
+        return self.independent_kernels() if self.meta.get(ONE_LAUNCH) else ()
 
     def interpret(self, inputs: Sequence[Any], algebra: Any) -> list[Any]:
         """Evaluate over an Algebra (the interface µGraphs share with lax_ir Programs)."""

@@ -161,13 +161,8 @@ def _sector_wide(g: MuGraph, device: cost_model.Device) -> bool:
 
 def fusible(g: MuGraph) -> list[int]:
     """The graph-defined kernels of `g`, if there are several and they read only inputs
-    (else [])."""
-    ks = [i for i, op in enumerate(g.ops) if op.op == "graph_defined"]
-    if len(ks) < 2 or any(op.op not in ("input", "graph_defined") for op in g.ops):
-        return []
-    if any(g.ops[a[0]].op != "input" for i in ks for a in g.ops[i].args):
-        return []
-    return ks
+    (else []): `MuGraph.independent_kernels`."""
+    return list(g.independent_kernels())
 
 
 def fused_variants(
