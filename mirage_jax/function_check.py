@@ -5,7 +5,8 @@ program there can still cost XLA fusions across the region's boundary. So on the
 of a signature (on a GPU), the assembled function and the function itself under `jax.jit` are
 timed the same way as the results tables (`profile.time_trace`: the GPU's kernel time per
 call, rotating random inputs); unless the kernels make it faster by more than `FUNCTION_TIE`,
-the signature runs as plain `jax.jit`. The outcome, with both times, is cached under the function's Program hash.
+the signature runs as plain `jax.jit`. The outcome, with both times, is cached under the
+function's Program hash.
 """
 
 from __future__ import annotations

@@ -21,8 +21,6 @@ from mirage_jax.search import hfuse
 def search_cuts(search, program: Program, budget, seed: int, target, device, deadline: float):
     """µGraphs stitched from the best µGraph of each piece (each found by `search`, the
     driver's own), smallest cut sets first; with their horizontally fused variants."""
-    import fields
-
     memo: dict[str, Any] = {}  # piece hash -> its SearchResult
     found = []
     stats: dict[str, Any] = {"sets_tried": 0, "pieces_searched": 0, "stitched": 0, "failed": 0}
@@ -53,26 +51,15 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             parts[out] = (r.best, sources)
             loop_free[out] = (next((m for m in r.mugraphs if _loop_free(m)), r.best), sources)
         else:
-            g = cut_mod.stitch(program, cs, parts)
-            try:
-                g.shapes  # noqa: B018 (validate: a piece may keep a cut value wider than the next reads)
-            except MuGraphError:
-                stats["failed"] += 1
+            got = _stitched(program, cs, parts, budget, seed, stats)
+            if got is None:
                 continue
-            v = fields.verify(g, program, trials=budget.trials, seed=seed)
-            if not v:
-                stats["failed"] += 1
-                continue
+            g, v = got
             stats["stitched"] += 1
             c = cost_model.estimate(g, device)
             head = f"cut at %{','.join(map(str, cs))}: " if cs else "one kernel per output: "
-            desc = head + " | ".join(
-                parts[o][0].meta.get("structure", "?") for o in [*sorted(cs), *program.outputs]
-            )
-            meta = {
-                "structure": desc, "cost": c.to_dict(), "name": program.meta.get("name", "region"),
-                "cuts": list(cs), "verified": "full", "bound": v.bound, "trials": v.trials,
-            }  # fmt: skip
+            desc = head + _structures(program, cs, parts)
+            meta = {"structure": desc, "cost": c.to_dict(), **_stitched_meta(program, cs, v)}
             found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
             found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
             found += _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats)
@@ -90,32 +77,62 @@ def _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats
     the stitch of their best ones and its kernels are independent: the cost model rates the
     K loop of a skinny GEMM too well (H100, 8 rows, a norm + GEMM: loop-free tiles of 16
     columns 6.3 µs for N=1536, the model's loop form 8.4), so this tiling is timed too."""
-    import fields
-
     if all(loop_free[o][0] is parts[o][0] for o in parts):
         return []
-    g = cut_mod.stitch(program, cs, loop_free)
+    got = _stitched(program, cs, loop_free, budget, seed, stats, want=hfuse.fusible)
+    if got is None:
+        return []
+    g, v = got
+    desc = "one launch for all outputs, loop-free: " + _structures(program, cs, loop_free)
+    return [_one_launch(g, _stitched_meta(program, cs, v), desc, device)]
+
+
+def _stitched(program, cs, parts, budget, seed, stats, want=None) -> tuple[MuGraph, Any] | None:
+    """The pieces' µGraphs (`parts`) stitched into one and verified against the region at full
+    size, with the verdict; None (counted as failed) where the stitch is invalid or not equal,
+    or (not counted) where `want` refuses it before its verification."""
+    import fields
+
+    g = cut_mod.stitch(program, cs, parts)
     try:
-        g.shapes  # noqa: B018 (validate)
+        g.shapes  # noqa: B018 (validate: a piece may keep a cut value wider than the next reads)
     except MuGraphError:
-        return []
-    if not hfuse.fusible(g):
-        return []
+        stats["failed"] += 1
+        return None
+    if want is not None and not want(g):
+        return None
     v = fields.verify(g, program, trials=budget.trials, seed=seed)
     if not v:
         stats["failed"] += 1
-        return []
-    one = MuGraph(g.ops, g.outputs, {ONE_LAUNCH: True})
-    c = cost_model.estimate(one, device)
-    desc = "one launch for all outputs, loop-free: " + " | ".join(
-        loop_free[o][0].meta.get("structure", "?") for o in [*sorted(cs), *program.outputs]
+        return None
+    return g, v
+
+
+def _structures(program: Program, cs, parts) -> str:
+    """The pieces' structures, in stitching order, for a stitched µGraph's description."""
+    return " | ".join(
+        parts[o][0].meta.get("structure", "?") for o in [*sorted(cs), *program.outputs]
     )
-    meta = {
-        "structure": desc, "cost": c.to_dict(), "name": program.meta.get("name", "region"),
-        "cuts": list(cs), "verified": "full", "bound": v.bound, "trials": v.trials,
-        ONE_LAUNCH: True,
+
+
+def _stitched_meta(program: Program, cs, v) -> dict:
+    """The meta of a stitched µGraph verified at full size (`v`), less structure and cost."""
+    return {
+        "name": program.meta.get("name", "region"), "cuts": list(cs), "verified": "full",
+        "bound": v.bound, "trials": v.trials,
     }  # fmt: skip
-    return [(c.seconds, MuGraph(g.ops, g.outputs, meta), desc)]
+
+
+def _one_launch(g: MuGraph, meta: dict, desc: str, device) -> tuple[float, MuGraph, str]:
+    """(cost, µGraph, description) of `g`'s independent kernels as one launch (`ONE_LAUNCH`):
+    the same kernels, so the same verdict (`meta`'s)."""
+    one = MuGraph(g.ops, g.outputs, {**meta, ONE_LAUNCH: True})
+    c = cost_model.estimate(one, device)
+    return (
+        c.seconds,
+        MuGraph(g.ops, g.outputs, {**one.meta, "structure": desc, "cost": c.to_dict()}),
+        desc,
+    )
 
 
 FUSED_KEPT = 4
@@ -132,11 +149,8 @@ def _fused(
 
     out = []
     if hfuse.fusible(g):  # the same kernels, each with its own tiling, as one launch
-        one = MuGraph(g.ops, g.outputs, {**meta, ONE_LAUNCH: True})
-        c = cost_model.estimate(one, device)
         d = "one launch for all outputs: " + desc.split(": ", 1)[-1]
-        one = MuGraph(g.ops, g.outputs, {**one.meta, "structure": d, "cost": c.to_dict()})
-        out.append((c.seconds, one, d))
+        out.append(_one_launch(g, meta, d, device))
     for cost_s, f in hfuse.fused_variants(g, target, device, keep=FUSED_KEPT):
         v = fields.verify(f, program, trials=budget.trials, seed=seed)
         if not v:
