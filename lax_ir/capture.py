@@ -329,10 +329,42 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
         return None
     from lax_ir.program import Opaque
 
-    zero = b.op("broadcast_in_dim", (b.const(0.0, dtype),), shape, dtype, broadcast_dimensions=())
+    pred, dims = _unbroadcast(b, ins[0], len(shape))
+    small = b.shape(pred)
     select = Opaque(jax.lax.select_n_p, {})
-    bias = b.op("opaque", (ins[0], ins[1], zero), shape, dtype, payload=select)
-    return b.binary("add", ins[2], bias, dtype)
+    if small == tuple(shape):
+        zero = b.op(
+            "broadcast_in_dim", (b.const(0.0, dtype),), shape, dtype, broadcast_dimensions=()
+        )
+        bias = b.op("opaque", (ins[0], ins[1], zero), shape, dtype, payload=select)
+        return b.binary("add", ins[2], bias, dtype)
+    # the mask before its broadcast (a causal [T, T] mask, not [B, heads, T, T]): the bias is
+    # made at that shape and broadcast as a float inside the region, so no full-size bias is
+    # written to memory and read back
+    # (kept at the full rank, size 1 where broadcast: µGraph ops broadcast only size-1 dims)
+    kept = [1] * len(shape)
+    for k, d in enumerate(dims):
+        kept[d] = small[k]
+    pred = b.reshape(pred, kept)
+    zero, fill_s = (
+        b.op("broadcast_in_dim", (b.const(v, dtype),), kept, dtype, broadcast_dimensions=())
+        for v in (0.0, fill)
+    )
+    bias = b.op("opaque", (pred, fill_s, zero), kept, dtype, payload=select)
+    full = b.op(
+        "broadcast_in_dim", (bias,), shape, dtype, broadcast_dimensions=tuple(range(len(shape)))
+    )
+    return b.binary("add", ins[2], full, dtype)
+
+
+def _unbroadcast(b: _Builder, i: int, rank: int) -> tuple[int, tuple[int, ...]]:
+    """Node i before the broadcasts that made it: (source, the output dim of each of its dims)."""
+    dims = tuple(range(rank))
+    while b.nodes[i].op == "broadcast_in_dim":
+        n = b.nodes[i]
+        dims = tuple(dims[d] for d in n.param("broadcast_dimensions"))
+        i = n.args[0]
+    return i, dims
 
 
 def _finfo(dtype: str) -> Any:

@@ -23,16 +23,19 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   elementwise ops (an input operand transposed back at the interface) to the outputs.
 
 The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...)}`,
-ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("scale", c) steps: canonical input k is the
+ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("broadcast", shape) (size-1
+axes widened) / ("scale", c) steps: canonical input k is the
 region's input `position` with `ops` applied; the region's output j is canonical output j with
 `ops` applied.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from lax_ir.ops import ELEMENTWISE
@@ -56,11 +59,21 @@ def compose(first: dict[str, Any] | None, then: dict[str, Any]) -> dict[str, Any
         return then
     return {
         "inputs": tuple(
-            (first["inputs"][pos][0], (*first["inputs"][pos][1], *ops))
+            (first["inputs"][pos][0], merged((*first["inputs"][pos][1], *ops)))
             for pos, ops in then["inputs"]
         ),
         "outputs": tuple((*o2, *o1) for o2, o1 in zip(then["outputs"], first["outputs"])),
     }
+
+
+def merged(ops: Ops) -> Ops:
+    """`ops` with each run of consecutive reshapes made one (the last of them)."""
+    out: list = []
+    for op in ops:
+        if op[0] == "reshape" and out and out[-1][0] == "reshape":
+            out.pop()
+        out.append(op)
+    return tuple(out)
 
 
 def apply_ops(x: Any, ops: Ops) -> Any:
@@ -70,6 +83,8 @@ def apply_ops(x: Any, ops: Ops) -> Any:
             x = x.reshape(arg)
         elif op == "transpose":
             x = x.transpose(arg)
+        elif op == "broadcast":  # size-1 axes widened (equal ranks)
+            x = np.broadcast_to(x, arg) if isinstance(x, np.ndarray) else jnp.broadcast_to(x, arg)
         else:  # ("scale", c): the input times a constant, in its own dtype
             x = x * np.asarray(arg, dtype=x.dtype)
     return x
@@ -214,7 +229,7 @@ class _Graph:
         )
         self.inputs.append(new)
         pos, ops = self.in_ops[source]
-        self.in_ops[new] = (pos, (*ops, step))
+        self.in_ops[new] = (pos, merged((*ops, step)))
         return new
 
     def replace(self, old: int, new: int) -> None:
@@ -539,6 +554,52 @@ def _broadcast_rule(g: _Graph) -> bool:
     return False
 
 
+def _raised(src: Sequence[int], n: Node) -> list[int] | None:
+    """The shape of a broadcast's operand at the broadcast's rank (1 on the new axes), if the
+    broadcast keeps the operand's axes in order; else None."""
+    dims = tuple(n.param("broadcast_dimensions"))
+    if list(dims) != sorted(dims) or any(s not in (1, n.shape[d]) for d, s in zip(dims, src)):
+        return None
+    kept = [1] * len(n.shape)
+    for d, s in zip(dims, src):
+        kept[d] = s
+    return kept
+
+
+def _rank_rule(g: _Graph) -> bool:
+    """A broadcast of an input (a causal mask's [T, T] bias over batch and heads). Read by
+    elementwise ops, the input is taken at the broadcast's rank, 1 on the new axes (a reshape
+    at the interface), and the broadcast only widens size-1 axes: µGraph ops broadcast size-1
+    dims but never add axes, so the search reads the small input, not a broadcast copy XLA
+    would write to memory. Reshaped further (heads grouped for GQA), the broadcast itself moves
+    to the interface, where XLA makes it, as it would without the region."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "broadcast_in_dim" or n.args[0] not in g.inputs:
+            continue
+        x = n.args[0]
+        src = g.nodes[x].shape
+        kept = _raised(src, n)
+        if kept is None or math.prod(kept) <= 1 or tuple(kept) == tuple(n.shape):
+            continue
+        direct = all(g.nodes[u].op in ELEMENTWISE for u in g.users(j))
+        if direct and len(src) == len(n.shape):
+            continue
+        new = x
+        if tuple(kept) != tuple(src):
+            like = Node("reshape", (x,), tuple(kept), g.nodes[x].dtype, make_params())
+            new = g.new_input(like, x, _step(like))
+        if direct:
+            dims = tuple(range(len(kept)))
+            wide = Node(n.op, (new,), n.shape, n.dtype, make_params(broadcast_dimensions=dims))
+            g.replace(j, g.add(wide))
+        else:
+            like = Node("broadcast", (new,), n.shape, n.dtype, make_params())
+            g.replace(j, g.new_input(like, new, ("broadcast", tuple(n.shape))))
+        return True
+    return False
+
+
 def _scale_rule(g: _Graph) -> bool:
     for j in g.live():
         n = g.nodes[j]
@@ -576,7 +637,14 @@ def hoist_layouts(program: Program) -> Program:
     """`program` with its transposes and unit-dim reshapes moved to its interface, where the
     rules above apply; unchanged if none does."""
     if "interface" not in program.meta and not any(
-        n.op in ("reshape", "transpose") or _row_broadcast(program, n) for n in program.nodes
+        n.op in ("reshape", "transpose")
+        or _row_broadcast(program, n)
+        or (
+            n.op == "broadcast_in_dim"
+            and program.nodes[n.args[0]].op == "input"
+            and _raised(program.nodes[n.args[0]].shape, n) is not None
+        )
+        for n in program.nodes
     ):
         return program
     g = _Graph(program)
@@ -585,7 +653,7 @@ def hoist_layouts(program: Program) -> Program:
         rules = (
             _collapse_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule, _input_rule,
             _output_rule, _scale_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
-            _sink_transpose_rule,
+            _sink_transpose_rule, _rank_rule,
         )  # fmt: skip
         if not any(rule(g) for rule in rules):
             break

@@ -131,8 +131,10 @@ def test_marginal_kernels_come_from_their_region_times() -> None:
         d(2, "kernel", 40.0, 43.0),  # 3 µs but 7%: marginal
         d(3, "xla", 1.0, 2.0),  # not a kernel
         SimpleNamespace(index=4, status="kernel", timings=None),  # not timed (no GPU)
+        d(5, "kernel", 8.27, 9.34),  # 11% but 1.07 µs: marginal
+        d(6, "kernel", 10.0, 12.0),  # 2 µs and 17%: a clear win
     ]
-    assert marginal(ds) == [1, 2]
+    assert marginal(ds) == [1, 2, 5]
 
 
 def test_kernels_within_the_tie_run_as_jax_jit(monkeypatch) -> None:

@@ -37,9 +37,10 @@ def test_default_attention_is_the_model_as_written(name):
 
 
 def test_default_regions_match_the_hashes_recorded_before_the_switch():
-    """The realistic models' region Programs (b = 1, 8) are those of the code before the
-    attention switch (model_region_hashes.json, 2026-11-26): the default path, what
-    mirage_jax.jit searches and the H100 results measured, is unchanged."""
+    """The realistic models' region Programs (b = 1, 8) are those recorded in
+    model_region_hashes.json: the attention switch leaves the default path (what
+    mirage_jax.jit searches) unchanged. Re-recorded 2026-11-25 when masks became biases made
+    at the mask's own shape and broadcast inside the region (`lax_ir.layouts._rank_rule`)."""
     import lax_ir
 
     want = json.loads((Path(__file__).parent / "model_region_hashes.json").read_text())

@@ -193,7 +193,7 @@ def _body(
 
     def ctx_of(t: int) -> OpCtx:
         op = plan.op(t)
-        return OpCtx(plan, t, op.args, dict(op.params), is_f32)
+        return OpCtx(plan, t, op.args, dict(op.params), is_f32, prefix=p)
 
     def compute(t: int, indent: str) -> None:
         op = plan.op(t)

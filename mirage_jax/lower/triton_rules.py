@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from mirage_jax.mugraph.opdef import matmul_operand_dtype
 from mirage_jax.mugraph.ops import GELU_CUBIC, SQRT_2_OVER_PI, SQRT_HALF
 
 BACKEND = "triton"
+LOG2E = 1.4426950408889634
+F32_MIN = float(np.finfo(np.float32).min)
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 
 
@@ -32,6 +35,7 @@ class OpCtx:
     args: tuple[int, ...]
     params: dict
     is_f32: dict[int, bool]
+    prefix: str = ""
 
     @property
     def dtype(self) -> str:
@@ -66,6 +70,22 @@ class OpCtx:
     def eps(self) -> str:
         return repr(float(self.params.get("eps") or 0.0))
 
+    def name(self, t: int) -> str:
+        """The source name of tile `t` (an input or a block op of this kernel)."""
+        return f"{self.prefix}t{t}"
+
+    def value(self, t: int) -> str:
+        """Tile `t`'s value in fp32."""
+        return self.name(t) if self.is_f32.get(t, False) else f"{self.name(t)}.to(tl.float32)"
+
+    def producer(self, t: int) -> Any | None:
+        """The block op that makes tile `t`, if its own args can be read where this op is
+        computed: a plain op (no accumulator) of the same phase (pre-loop, loop, post-loop)."""
+        plan = self.plan
+        if t < plan.n_in or t in plan.accumulators or plan.phases[t] != plan.phases[self.t]:
+            return None
+        return plan.op(t)
+
 
 def lane(pads: tuple[int, ...], d: int) -> str:
     """tl.arange over dim d of a tile of padded shape `pads`, broadcastable to it."""
@@ -89,13 +109,17 @@ def _binary(op: str) -> Callable[..., str]:
     return lambda c, a, b: f"{c.f32(a, 0)} {op} {c.f32(b, 1)}"
 
 
+def rounded(dtype: str, value: float) -> float:
+    """`value` rounded to `dtype` (as the op's meaning has it), as an fp32 number."""
+    return float(np.float32(np.asarray(value, dtype=dtype)))
+
+
 def dtype_const(c: OpCtx, value: float) -> str:
     """A constant of the op as its meaning has it: rounded to the tensor's dtype, used in fp32."""
-    return repr(float(np.float32(np.asarray(value, dtype=c.dtype))))
+    return repr(rounded(c.dtype, value))
 
 
 for _name, _tpl in {
-    "exp": "tl.exp({x})",
     "square": "{x} * {x}",
     "sqrt": "tl.sqrt({x})",
     "sigmoid": "tl.sigmoid({x})",
@@ -125,6 +149,40 @@ def _gelu_tanh(c: OpCtx, x: str) -> str:
 
 
 registry.add(BACKEND, "gelu_tanh", _gelu_tanh)
+
+
+def _scaled(c: OpCtx, t: int) -> tuple[str, float]:
+    """Tile `t` as (fp32 expression, factor) with t = expression · factor: a mul_scalar by a
+    positive constant is looked through (its own value is then left to dead-code removal)."""
+    op = c.producer(t)
+    if op is not None and op.op == "mul_scalar":
+        k = rounded(c.plan.dtype(t), op.param("scalar"))
+        if k > 0:
+            return c.value(op.args[0]), k
+    return c.value(t), 1.0
+
+
+@registry.register(BACKEND, "exp")
+def _exp(c: OpCtx, x: str) -> str:
+    """exp as exp2(x·log2 e), as tl.exp does; for the softmax's shifted scores, x = a·k − m
+    with m = max(a·k) in the same phase, one fused multiply-add: exp2(a·(k·log2 e) − m·log2 e).
+    m·log2 e is taken on the (smaller) max tile, kept finite where m is the clamp of a tile
+    masked whole (`_reduce_max`: −3.4e38·log2 e overflows to −inf, and −inf − −inf is NaN)."""
+    op = c.producer(c.args[0])
+    if op is not None and op.op == "sub" and _is_max_of(c, op.args[1], op.args[0]):
+        a, k = _scaled(c, op.args[0])
+        shift = f"tl.maximum({c.value(op.args[1])} * {LOG2E!r}, {F32_MIN!r})"
+        return f"tl.math.exp2(tl.math.fma({a}, {k * LOG2E!r}, -{shift}))"
+    a, k = _scaled(c, c.args[0])
+    return f"tl.math.exp2({a} * {k * LOG2E!r})"
+
+
+def _is_max_of(c: OpCtx, m: int, x: int) -> bool:
+    """Is tile m the max of tile x over some dim (both of this phase)?"""
+    op = c.producer(m)
+    return op is not None and op.op == "reduce_max" and op.args[0] == x
+
+
 registry.add(
     BACKEND, "mul_scalar", lambda c, x: f"{c.f32(x, 0)} * {dtype_const(c, c.params['scalar'])}"
 )
@@ -174,9 +232,14 @@ def _reduce_sum(c: OpCtx, x: str) -> str:
 
 @registry.register(BACKEND, "reduce_max")
 def _reduce_max(c: OpCtx, x: str) -> str:
+    """max over a dim; max(a·k) = max(a)·k for k > 0 (exact: rounding is monotone), so a scaled
+    tile's scale is applied to the reduced one."""
     d = c.params["dim"] % len(c.pad)
-    m = f"tl.max({c.masked(c.f32(x, 0), 0, (d,), 'float("-inf")')}, axis={d}, keep_dims=True)"
-    return f"tl.maximum({m}, {float(np.finfo(np.float32).min)!r})"  # masked whole: exp(-inf)
+    a, k = _scaled(c, c.args[0])
+    m = f"tl.max({c.masked(a, 0, (d,), 'float("-inf")')}, axis={d}, keep_dims=True)"
+    if k != 1.0:
+        m = f"({m} * {k!r})"
+    return f"tl.maximum({m}, {F32_MIN!r})"  # masked whole: exp(-inf)
 
 
 @registry.register(BACKEND, "rms_norm")
@@ -276,10 +339,12 @@ registry.add(
 
 def _rescale(last: bool):
     def update(c: OpCtx, s: str, x: str, m: str, old: str, new: str) -> str:
-        y = f"{c.f32(x, 0)} * tl.exp({c.f32(m, 1)} - {new})"
-        if last:
-            y = _sum_last(c, y)
-        return f"{s} * tl.exp({old} - {new}) + {y}"
+        factor = f"tl.math.exp2(({c.f32(m, 1)} - {new}) * {LOG2E!r})"
+        if last:  # the shift is constant along the summed dim: sum, then rescale the sums
+            y = f"{_sum_last(c, c.f32(x, 0))} * {factor}"
+        else:
+            y = f"{c.f32(x, 0)} * {factor}"
+        return f"{s} * tl.math.exp2(({old} - {new}) * {LOG2E!r}) + {y}"
 
     return update
 
