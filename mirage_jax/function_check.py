@@ -200,8 +200,9 @@ def best_subset(
 
     Kernels that win their regions can lose the whole function (a cut costs XLA a fusion
     across it). One round of leave-one-out over at most `max_tries` kernels, then the set
-    without every kernel whose removal helped; the fastest measured set that beats jax.jit
-    wins. Where all of them won, only the `suspects` (`marginal`) are tried, and a subset
+    without every kernel whose removal helped, and the set without every suspect (`marginal`:
+    several small cuts can cost together what none costs alone); the fastest measured set that
+    beats jax.jit wins. Where all of them won, only the `suspects` are tried, and a subset
     must beat the full set by `KEEP_ALL_TIE`. `check(subset)` measures (or recalls) one set;
     None: it could not run. None: no set wins, or the values differ (`full.mismatch`: no
     subset is trusted), so all run as XLA.
@@ -217,6 +218,7 @@ def best_subset(
             if c.mismatch is None and c.kernels_us is not None
         }
         _without_helped(everything, measured, check, full.kernels_us)
+        _without(everything, everything - set(suspects), measured, check)
         best = _fastest(measured)
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
             return everything, full
@@ -227,7 +229,21 @@ def best_subset(
     if any(c.mismatch is not None for c in measured.values()):
         return None
     _without_helped(everything, measured, check, full.kernels_us)
+    _without(everything, everything - set(suspects), measured, check)
     return _fastest(measured)
+
+
+def _without(
+    everything: frozenset[int],
+    rest: frozenset[int],
+    measured: dict[frozenset[int], FunctionCheck],
+    check: Callable[[frozenset[int]], FunctionCheck | None],
+) -> None:
+    """Adds to `measured` the check of `rest`, a proper subset not measured yet."""
+    if rest and rest != everything and rest not in measured:
+        c = check(rest)
+        if c is not None and c.mismatch is None and c.kernels_us is not None:
+            measured[rest] = c
 
 
 def _leave_each_out(
