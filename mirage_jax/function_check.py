@@ -202,23 +202,19 @@ def best_subset(
     across it). One round of leave-one-out over at most `max_tries` kernels, then the set
     without every kernel whose removal helped, and the set without every suspect (`marginal`:
     several small cuts can cost together what none costs alone); the fastest measured set that
-    beats jax.jit wins. Where all of them won, only the `suspects` are tried, and a subset
-    must beat the full set by `KEEP_ALL_TIE`. `check(subset)` measures (or recalls) one set;
+    beats jax.jit wins. Where all of them won, only the set without every suspect is measured
+    (one more compile and timing of the whole function, whatever their number: the first
+    call's time), and it must beat the full set by `KEEP_ALL_TIE`. `check(subset)` measures (or recalls) one set;
     None: it could not run. None: no set wins, or the values differ (`full.mismatch`: no
     subset is trusted), so all run as XLA.
     """
     everything = frozenset(kernels)
-    if full.choice == "kernels":  # all won: only the suspects, and only for a clear gain
-        tries = [k for k in suspects if k in everything][:max_tries]
+    if full.choice == "kernels":  # all won: one set without the suspects, for a clear gain
+        tries = frozenset(suspects) & everything
         if not tries or len(everything) < 2 or full.kernels_us is None:
             return everything, full
-        measured = {
-            s: c
-            for s, c in _leave_each_out(everything, tries, check).items()
-            if c.mismatch is None and c.kernels_us is not None
-        }
-        _without_helped(everything, measured, check, full.kernels_us)
-        _without(everything, everything - set(suspects), measured, check)
+        measured: dict[frozenset[int], FunctionCheck] = {}
+        _without(everything, everything - tries, measured, check)
         best = _fastest(measured)
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
             return everything, full

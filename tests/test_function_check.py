@@ -117,6 +117,17 @@ def test_a_marginal_kernel_that_costs_the_winning_function_is_left_out() -> None
     )
 
 
+def test_where_all_won_the_suspects_cost_one_measurement() -> None:
+    """All kernels won; three are suspects: the set without all three is the one measured
+    (Llama-7B b=1 on the H100, 2026-11-25: a check per suspect took its first call from
+    55.6 to 70.7 s)."""
+    t = {frozenset({0}): 215.0}
+    calls: list = []
+    full = FunctionCheck("kernels", 220.4, 237.4, "fake")
+    got = best_subset([0, 2, 6, 7], _fake(t, 237.4, calls), full, suspects=[2, 6, 7])
+    assert got is not None and got[0] == frozenset({0}) and calls == [frozenset({0})]
+
+
 def test_small_cuts_that_cost_together_are_left_out_together() -> None:
     """All kernels lose together, and leaving any one out does not help: three small kernels
     (suspects) each cost XLA a fusion (equinox b=1 on the H100, 2026-11-25: nine kernels 45.1
