@@ -118,9 +118,9 @@ def test_a_marginal_kernel_that_costs_the_winning_function_is_left_out() -> None
 
 
 def test_where_all_won_the_suspects_cost_one_measurement() -> None:
-    """All kernels won; three are suspects: the set without all three is the one measured
-    (Llama-7B b=1 on the H100, 2026-11-25: a check per suspect took its first call from
-    55.6 to 70.7 s)."""
+    """All kernels won; three are suspects (as for Llama-7B b=1 on the H100, 2026-11-25): the
+    set without all three is the only one measured (each costs a whole-function compile and
+    timing on the first call)."""
     t = {frozenset({0}): 215.0}
     calls: list = []
     full = FunctionCheck("kernels", 220.4, 237.4, "fake")
