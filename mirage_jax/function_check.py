@@ -204,9 +204,9 @@ def best_subset(
     several small cuts can cost together what none costs alone); the fastest measured set that
     beats jax.jit wins. Where all of them won, only the set without every suspect is measured
     (one more compile and timing of the whole function, whatever their number: the first
-    call's time), and it must beat the full set by `KEEP_ALL_TIE`. `check(subset)` measures (or recalls) one set;
-    None: it could not run. None: no set wins, or the values differ (`full.mismatch`: no
-    subset is trusted), so all run as XLA.
+    call's time), and it must beat the full set by `KEEP_ALL_TIE`. `check(subset)` measures
+    (or recalls) one set; None: it could not run. None: no set wins, or the values differ
+    (`full.mismatch`: no subset is trusted), so all run as XLA.
     """
     everything = frozenset(kernels)
     if full.choice == "kernels":  # all won: one set without the suspects, for a clear gain

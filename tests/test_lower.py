@@ -152,6 +152,15 @@ def softmax_graph(dtype="float16"):
     return mb.build(mb.graph_defined(ins, b.build()), name="softmax")
 
 
+def _online_softmax(b, s, v):
+    """softmax(s) @ v with a running max over the loop (the rescaled sums)."""
+    m = b.op("reduce_max", s, dim=2)
+    big = b.op("accum_max", m)
+    e = b.op("exp", b.op("sub", s, m))
+    den = b.op("accum_rescale_sum_last", e, m, big)
+    return b.op("div", b.op("accum_rescale_sum", b.op("matmul", e, v), m, big), den)
+
+
 def scaled_softmax_graph(dtype="float16"):
     """Softmax of scaled scores (the scale after QK, as model code writes it), a scale that is
     not looked through (negative), and exp of a plain scaled tile."""
@@ -160,12 +169,7 @@ def scaled_softmax_graph(dtype="float16"):
     k = b.input((2, 16, 64), dtype, imap=(0,), forloop_dim=2)
     v = b.input((2, 64, 16), dtype, imap=(0,), forloop_dim=1)
     s = b.op("mul_scalar", b.op("matmul", q, k), scalar=0.125)
-    m = b.op("reduce_max", s, dim=2)
-    big = b.op("accum_max", m)
-    e = b.op("exp", b.op("sub", s, m))
-    den = b.op("accum_rescale_sum_last", e, m, big)
-    num = b.op("accum_rescale_sum", b.op("matmul", e, v), m, big)
-    r = b.op("div", num, den)
+    r = _online_softmax(b, s, v)
     neg = b.op("reduce_max", b.op("mul_scalar", r, scalar=-0.5), dim=2)
     plain = b.op("exp", b.op("mul_scalar", r, scalar=0.25))
     b.output(b.op("add", r, b.op("add", neg, plain)), (0,))
@@ -311,12 +315,7 @@ def masked_softmax_graph(dtype="float16"):
     v = b.input((2, 64, 16), dtype, imap=(0,), forloop_dim=1)
     bias = b.input((2, 16, 64), dtype, imap=(0,), forloop_dim=2)
     s = b.op("add", b.op("mul_scalar", b.op("matmul", q, k), scalar=0.125), bias)
-    m = b.op("reduce_max", s, dim=2)
-    big = b.op("accum_max", m)
-    e = b.op("exp", b.op("sub", s, m))
-    den = b.op("accum_rescale_sum_last", e, m, big)
-    num = b.op("accum_rescale_sum", b.op("matmul", e, v), m, big)
-    b.output(b.op("div", num, den), (0,))
+    b.output(_online_softmax(b, s, v), (0,))
     mb = MuGraphBuilder()
     shapes = [(2, 16, 16), (2, 16, 64), (2, 64, 16), (2, 16, 64)]
     ins = [mb.input(sh, dtype) for sh in shapes]
