@@ -177,7 +177,7 @@ KEEP_ALL_TIE = 0.01
 
 def marginal(decisions: Sequence[Any]) -> list[int]:
     """The kernels (region indices) whose region-level win is marginal (`MARGINAL_US`,
-    `MARGINAL_FRACTION`), from the times their selection measured."""
+    `MARGINAL_FRACTION`), from the times their selection measured; the largest win first."""
     out = []
     for d in decisions:
         t = d.timings or {}
@@ -185,8 +185,8 @@ def marginal(decisions: Sequence[Any]) -> list[int]:
         if d.status != "kernel" or mine is None or xla is None:
             continue
         if xla - mine < max(MARGINAL_US, MARGINAL_FRACTION * xla):
-            out.append(d.index)
-    return out
+            out.append((mine - xla, d.index))
+    return [k for _, k in sorted(out)]
 
 
 def best_subset(
@@ -199,34 +199,64 @@ def best_subset(
     """The set of kernels (region indices) to keep, given the check of all of them (`full`).
 
     Kernels that win their regions can lose the whole function (a cut costs XLA a fusion
-    across it). One round of leave-one-out over at most `max_tries` kernels, then the set
-    without every kernel whose removal helped, and the set without every suspect (`marginal`:
-    several small cuts can cost together what none costs alone); the fastest measured set that
-    beats jax.jit wins. Where all of them won, only the set without every suspect is measured
-    (one more compile and timing of the whole function, whatever their number: the first
-    call's time), and it must beat the full set by `KEEP_ALL_TIE`. `check(subset)` measures
-    (or recalls) one set; None: it could not run. None: no set wins, or the values differ
-    (`full.mismatch`: no subset is trusted), so all run as XLA.
+    across it); small ones most often (`suspects`, from `marginal`, largest win first). Each
+    set measured costs a compile and a timing of the whole function on the first call.
+    - All of them won: the set without every suspect is measured, and replaces all only if
+      faster by `KEEP_ALL_TIE`.
+    - All lost: the set without every suspect first; if it beats jax.jit, the suspects are
+      added back one at a time (at most `max_tries`), each kept if it makes the function
+      faster by `KEEP_ALL_TIE`. Otherwise one round of leave-one-out over at most `max_tries`
+      kernels, then the set without every kernel whose removal helped; the fastest measured
+      set that beats jax.jit wins.
+    `check(subset)` measures (or recalls) one set; None: it could not run. Returns None where
+    no set wins or values differ (`full.mismatch`, or any subset's: no subset is trusted), so
+    all run as XLA.
     """
     everything = frozenset(kernels)
+    suspects = [k for k in suspects if k in everything]
+    core = everything - set(suspects)
     if full.choice == "kernels":  # all won: one set without the suspects, for a clear gain
-        tries = frozenset(suspects) & everything
-        if not tries or len(everything) < 2 or full.kernels_us is None:
+        if not suspects or len(everything) < 2 or full.kernels_us is None:
             return everything, full
         measured: dict[frozenset[int], FunctionCheck] = {}
-        _without(everything, everything - tries, measured, check)
+        _without(everything, core, measured, check)
         best = _fastest(measured)
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
             return everything, full
         return best
     if full.mismatch is not None or len(everything) < 2 or full.kernels_us is None:
         return None
+    measured = {}
+    if core and core != everything:
+        c = check(core)
+        if c is not None and c.mismatch is not None:
+            return None
+        if c is not None and c.choice == "kernels" and c.kernels_us is not None:
+            return _added_back(core, c, suspects[:max_tries], check)
     measured = _leave_each_out(everything, sorted(everything)[:max_tries], check)
     if any(c.mismatch is not None for c in measured.values()):
         return None
     _without_helped(everything, measured, check, full.kernels_us)
-    _without(everything, everything - set(suspects), measured, check)
     return _fastest(measured)
+
+
+def _added_back(
+    kept: frozenset[int],
+    best: FunctionCheck,
+    candidates: Sequence[int],
+    check: Callable[[frozenset[int]], FunctionCheck | None],
+) -> tuple[frozenset[int], FunctionCheck] | None:
+    """`kept` with each candidate added in turn where it makes the function faster by
+    `KEEP_ALL_TIE` (None: a set's values differ)."""
+    for k in candidates:
+        c = check(kept | {k})
+        if c is None or c.kernels_us is None:
+            continue
+        if c.mismatch is not None:
+            return None
+        if c.kernels_us < best.kernels_us * (1.0 - KEEP_ALL_TIE):
+            kept, best = kept | {k}, c
+    return kept, best
 
 
 def _without(

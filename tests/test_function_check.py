@@ -129,15 +129,42 @@ def test_where_all_won_the_suspects_cost_one_measurement() -> None:
 
 
 def test_small_cuts_that_cost_together_are_left_out_together() -> None:
-    """All kernels lose together, and leaving any one out does not help: three small kernels
+    """All kernels lose together, and leaving any one out would not help: small kernels
     (suspects) each cost XLA a fusion (equinox b=1 on the H100, 2026-11-25: nine kernels 45.1
-    against jax.jit's 39.1 µs). The set without every suspect is measured, and wins."""
+    against jax.jit's 39.1 µs). The set without every suspect is measured first, and wins;
+    each suspect is then added back, and none helps."""
     t = {frozenset({0, 1}): 35.0}
     calls: list = []
     full = FunctionCheck("xla", 45.0, 39.0, "fake")
     got = best_subset([0, 1, 2, 3, 4], _fake(t, 39.0, calls), full, suspects=[2, 3, 4])
     assert got is not None and got[0] == frozenset({0, 1}) and got[1].kernels_us == 35.0
-    assert calls[-1] == frozenset({0, 1}) and len(calls) == 6  # five left out one by one
+    assert calls == [frozenset({0, 1}), *(frozenset({0, 1, k}) for k in (2, 3, 4))]
+
+
+def test_a_suspect_that_helps_is_added_back() -> None:
+    """Of the suspects left out, the one whose kernel helps the function comes back (a down
+    projection + residual beside RoPE pieces that cost their cuts)."""
+    t = {
+        frozenset({0, 1}): 37.6,
+        frozenset({0, 1, 10}): 36.5,  # helps
+        frozenset({0, 1, 10, 6}): 38.0,  # hurts
+        frozenset({0, 1, 10, 12}): 35.7,  # helps again
+    }
+    calls: list = []
+    full = FunctionCheck("xla", 45.1, 39.9, "fake")
+    got = best_subset([0, 1, 6, 10, 12], _fake(t, 39.9, calls), full, suspects=[10, 6, 12])
+    assert got is not None and got[0] == frozenset({0, 1, 10, 12}) and got[1].kernels_us == 35.7
+    assert len(calls) == 4
+
+
+def test_where_the_core_loses_leave_one_out_runs() -> None:
+    """The set without the suspects loses too: the leave-one-out search runs as before."""
+    t = {frozenset({1, 2}): 38.0}
+    calls: list = []
+    full = FunctionCheck("xla", 45.0, 39.0, "fake")
+    got = best_subset([0, 1, 2], _fake(t, 39.0, calls), full, suspects=[2])
+    assert got is not None and got[0] == frozenset({1, 2})
+    assert calls[0] == frozenset({0, 1}) and frozenset({1, 2}) in calls
 
 
 def test_marginal_kernels_come_from_their_region_times() -> None:
@@ -157,7 +184,7 @@ def test_marginal_kernels_come_from_their_region_times() -> None:
         d(5, "kernel", 8.27, 9.34),  # 11% but 1.07 µs: marginal
         d(6, "kernel", 10.0, 12.0),  # 2 µs and 17%: a clear win
     ]
-    assert marginal(ds) == [1, 2, 5]
+    assert marginal(ds) == [2, 5, 1]  # the largest win first
 
 
 def test_kernels_within_the_tie_run_as_jax_jit(monkeypatch) -> None:
