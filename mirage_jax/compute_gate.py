@@ -11,6 +11,11 @@ both numbers in its reason.
 Only regions whose compute floor is at least `MIN_FLOOR_US` are checked (the others cost an XLA
 timing for nothing); XLA's time is kept for `select`, which then does not measure it again.
 Off with the option `compute_gate=False` (to search anyway, e.g. after improving the GEMMs).
+
+A region of elementwise ops only (`fused_by_xla`: no matmul, no reduction; a rotary product,
+a scalar rescale) is not searched either: in the whole function XLA fuses such ops into their
+neighbours, which a kernel of its own cannot match, however it does alone. Off with the option
+`elementwise_gate=False`.
 """
 
 from __future__ import annotations
@@ -86,6 +91,29 @@ def known_xla(program: Any, opts: Any, backend: str, in_context: bool) -> tuple[
     """XLA's time for the region if `time_xla` measured it in this process, else None."""
     with _LOCK:
         return _XLA.get(_key(program, opts, backend, in_context))
+
+
+ELEMENTWISE_EVIDENCE = (
+    "on the H100, 2026-11-25, the real-model blocks' 14 such kernels that won their regions "
+    "alone were all left out by the whole-function check, the function faster without them"
+)
+
+
+def fused_by_xla(program: Any, opts: Any, device: str) -> tuple[str, dict[str, Any]] | None:
+    """(reason, timings) for a region of elementwise ops only, which XLA fuses into its
+    neighbours in the whole function; None for any other region, or with the option off."""
+    from lax_ir.ops import ELEMENTWISE, SHAPE_OPS
+
+    if not opts.options.get("elementwise_gate", True):
+        return None
+    ops = [n.op for _, n in program.ops()]
+    if not ops or any(op not in ELEMENTWISE and op not in (*SHAPE_OPS, "constant") for op in ops):
+        return None
+    reason = (
+        "not searched: elementwise ops only, which XLA fuses into their neighbours in the whole "
+        f"function and a kernel of their own cannot ({ELEMENTWISE_EVIDENCE})"
+    )
+    return reason, {"device": device, "search_s": 0.0}
 
 
 def unwinnable(

@@ -117,13 +117,17 @@ def compute_gated(
     program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
 ) -> SearchOutcome | None:
     """The region as XLA, not searched, where no kernel of ours can win it on this GPU
-    (`compute_gate`: XLA below our GEMMs' compute floor); None where it is to be searched.
+    (`compute_gate`: XLA below our GEMMs' compute floor, or elementwise ops only, which XLA
+    fuses into their neighbours); None where it is to be searched.
     Times XLA for large regions only, and only where kernels are timed (a GPU backend); a
     failure to time it is reported (strict: raised) and the region is searched as usual."""
     from mirage_jax import compute_gate
 
     if not timed_here(backend):
         return None
+    fused = compute_gate.fused_by_xla(program, opts, device_kind())
+    if fused is not None:
+        return SearchOutcome(None, None, None, fused[1], fused[0])
     context = in_context(program, opts, backend, avals) if has_steps(program, avals) else None
     try:
         got = eagerly(compute_gate.unwinnable, program, opts, backend, device_kind(), context)

@@ -152,3 +152,31 @@ def test_search_ahead_waits_for_each_gate(monkeypatch):
         with pytest.raises(CancelledError):
             ahead.futures[2].result()
     assert searched == ["b"]
+
+
+def _only_region(fn, *shapes):
+    args = [jax.ShapeDtypeStruct(s, jnp.float16) for s in shapes]
+    part = lax_ir.partition(lax_ir.capture(fn, *args))
+    return next(r.program for r in part.regions if not r.is_trivial)
+
+
+def test_elementwise_regions_are_left_to_xla_fusion(monkeypatch) -> None:
+    """A rotary-style product is elementwise only: decided XLA on a GPU, not searched, with
+    the reason; a region with a matmul or a reduction is not; the option turns it off; on the
+    CPU (nothing timed) nothing is gated."""
+    from mirage_jax import regions
+
+    rot = _only_region(lambda x, c, s: x * c + x * s * 0.5, (8, 128), (1, 128), (1, 128))
+    reason, timings = compute_gate.fused_by_xla(rot, _Opts(), H100)
+    assert "elementwise ops only" in reason and timings["search_s"] == 0.0
+    assert compute_gate.fused_by_xla(rot, _Opts(elementwise_gate=False), H100) is None
+    assert compute_gate.fused_by_xla(_region(8, 64, 32), _Opts(), H100) is None  # a matmul
+    norm = _only_region(lambda x: x / jnp.sum(x, -1, keepdims=True), (8, 128))
+    assert compute_gate.fused_by_xla(norm, _Opts(), H100) is None  # a reduction
+
+    monkeypatch.setattr(regions, "timed_here", lambda backend: True)
+    monkeypatch.setattr(regions, "device_kind", lambda: H100)
+    got = regions.compute_gated(rot, _Opts(), "triton")
+    assert got is not None and got.mugraph is None and "elementwise ops only" in got.reason
+    monkeypatch.setattr(regions, "timed_here", lambda backend: False)
+    assert regions.compute_gated(rot, _Opts(), "triton") is None
