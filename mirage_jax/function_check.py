@@ -216,17 +216,15 @@ def best_subset(
     suspects = [k for k in suspects if k in everything]
     core = everything - set(suspects)
     if full.choice == "kernels":  # all won: one set without the suspects, for a clear gain
-        if not suspects or len(everything) < 2 or full.kernels_us is None:
+        if not suspects or not core or full.kernels_us is None:
             return everything, full
-        measured: dict[frozenset[int], FunctionCheck] = {}
-        _without(everything, core, measured, check)
-        best = _fastest(measured)
+        c = check(core)
+        best = _fastest({core: c}) if c is not None else None
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
             return everything, full
         return best
     if full.mismatch is not None or len(everything) < 2 or full.kernels_us is None:
         return None
-    measured = {}
     if core and core != everything:
         c = check(core)
         if c is not None and c.mismatch is not None:
@@ -257,19 +255,6 @@ def _added_back(
         if c.kernels_us < best.kernels_us * (1.0 - KEEP_ALL_TIE):
             kept, best = kept | {k}, c
     return kept, best
-
-
-def _without(
-    everything: frozenset[int],
-    rest: frozenset[int],
-    measured: dict[frozenset[int], FunctionCheck],
-    check: Callable[[frozenset[int]], FunctionCheck | None],
-) -> None:
-    """Adds to `measured` the check of `rest`, a proper subset not measured yet."""
-    if rest and rest != everything and rest not in measured:
-        c = check(rest)
-        if c is not None and c.mismatch is None and c.kernels_us is not None:
-            measured[rest] = c
 
 
 def _leave_each_out(
