@@ -5,6 +5,8 @@ from fields.array import FieldArray as FieldArray
 from fields.degree import DegreeAlgebra as DegreeAlgebra
 from fields.degree import DegreeReport as DegreeReport
 from fields.degree import degree_bound as degree_bound
+from fields.memory import TooLarge as TooLarge
+from fields.memory import trial_bytes as trial_bytes
 from fields.numbers import Field as Field
 from fields.numbers import FieldSemanticsError as FieldSemanticsError
 from fields.numbers import VoidTrial as VoidTrial

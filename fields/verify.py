@@ -42,6 +42,7 @@ rejected, never accepted. Outputs are compared on their p-components, which carr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ import numpy as np
 from fields.algebra import FieldAlgebra
 from fields.array import Cell, FieldArray
 from fields.degree import DegreeReport, degree_bound
+from fields.memory import GATE, trial_bytes
 from fields.numbers import FAMILY_Q, FAMILY_SIZE, Field, VoidTrial, default_field, drawn_field
 
 TARGET_BOUND = 1e-9
@@ -279,6 +281,9 @@ def _compare(out_a: Sequence[FieldArray], out_b: Sequence[FieldArray]) -> np.nda
 
 
 _MEMO: dict[tuple, Verdict] = {}
+SMALL_TRIAL = 256 * 2**20
+"""Trials estimated below this many bytes run without asking `fields.memory.GATE`."""
+
 MEMO_SIZE = 4096
 """Verdicts kept per process: the search verifies its best µGraphs at full size and the
 selection would verify the same pairs again (at prefill sizes, seconds each)."""
@@ -329,11 +334,15 @@ def verify(
     Raises:
         TypeError: the input avals differ.
         FieldSemanticsError: an op has no field meaning (it names the op).
+        TooLarge: one trial needs more memory than verification may take here
+            (`fields.memory`); trials that fit wait for room beside others.
     """
     key = _memo_key(a, b, trials, seed, field, target_bound, max_void_trials)
     if key is not None and key in _MEMO:
         return _MEMO[key]
-    v = _verify(a, b, trials, seed, field, target_bound, max_void_trials, outcomes)
+    need = trial_bytes(a, b)
+    with GATE.admit(need) if need > SMALL_TRIAL else contextlib.nullcontext():
+        v = _verify(a, b, trials, seed, field, target_bound, max_void_trials, outcomes)
     _keep(key, v)
     return v
 

@@ -223,6 +223,13 @@ def select(
     import jax
 
     import lax_ir
+    from fields import memory
+
+    if verify_trials is not None and result.mugraphs:  # before the float64 reference's memory
+        need, have = memory.trial_bytes(program, program), memory.room()
+        if need > have:
+            why = f"not verified: {memory.too_large(need, have)}"
+            return Selection(None, why, (Contender("xla", xla[0] if xla else None),), "", backend)
 
     # XLA and every candidate are timed on the same input sets: drawn once per seed.
     inputs = functools.cache(inputs or (lambda seed: random_inputs(program, seed)))
@@ -300,7 +307,7 @@ def select(
                     run = timed_fn(fn, g, order)
                     jax.block_until_ready(run[0](*run[1](0)))
         except Exception as e:  # a failure drops the candidate, with the reason
-            if strict and not isinstance(e, (LoweringError, NotEqual)):
+            if strict and not isinstance(e, (LoweringError, NotEqual, memory.TooLarge)):
                 raise
             msg = f"{type(e).__name__}: {e}"[:300]
             return Prepared(Contender(label, None, g, msg, est, None, verdict), order)

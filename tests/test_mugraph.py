@@ -321,6 +321,19 @@ def test_resource_limits():
         validate(g, Target("tiny", 100))
 
 
+def test_a_block_matmul_over_a_batch_of_tiles_is_refused_for_a_target():
+    """Both backends' dots are 2-D: a µGraph leaving heads unsplit ([3, 4, 4] tiles) is no
+    candidate (GPT-2 XL's 25 heads gave only such µGraphs, none of which lowered)."""
+    ins = [((3, 4, 4), (None,), None), ((3, 4, 4), (None,), None)]
+    ops = [("matmul", (0, 1), {}), ("accum_sum", (2,), {})]
+    g = _single((1,), 1, ins, ops, [(3, (None,))])
+    validate(g)  # well formed
+    with pytest.raises(MuGraphError, match=r"block op 0 \(matmul\) multiplies a batch of tiles"):
+        validate(g, "h100")
+    split = _single((3,), 1, [((3, 4, 4), (0,), None)] * 2, ops, [(3, (0,))])
+    validate(split, "h100")
+
+
 def test_kernel_level_errors():
     kb = MuGraphBuilder()
     a, b = kb.input((4, 8)), kb.input((4, 8))

@@ -5,7 +5,8 @@ It reads a µGraph by its fields (ops, block graphs, maps), so `graph.py` builds
 Structural rules (always checked by shape inference): uneven split, grid axis mapped twice,
 map entries out of range, output not accumulated, output replicated along a grid axis it must
 split, loop and accumulated tensors mixed, shape rules of each op. Resource rules (checked by
-`validate(g, target=...)`): too many blocks, tiles too large for the target's shared memory.
+`validate(g, target=...)`): too many blocks, tiles too large for the target's shared memory,
+block matmuls over a batch of tiles (the backends' dots are 2-D).
 """
 
 from __future__ import annotations
@@ -281,3 +282,13 @@ def validate(g: MuGraph, target: Target | str | None = None) -> None:
             raise MuGraphError(
                 f"{where}: tile too large for shared memory: {info.smem_bytes} bytes > {target.smem_bytes} ({target.name})"
             )
+        for k, bop in enumerate(op.block_graph.ops):
+            if bop.op not in ("matmul", "concat_matmul"):
+                continue
+            for a in bop.args:
+                if any(s != 1 for s in info.tiles[a][:-2]):
+                    raise MuGraphError(
+                        f"{where}: block op {k} ({bop.op}) multiplies a batch of tiles "
+                        f"({list(info.tiles[a])}): block matmuls are 2-D in both backends; "
+                        "split the batch dims over the grid"
+                    )

@@ -40,14 +40,19 @@ def verify_full(raw: Any, problem: Problem, graphs: list[MuGraph], trials: int |
     """`fields.verify` of each of `graphs` against the region at full size, with every planned
     trial of every graph a job of its own in the pool `raw` (8 jobs for 4 graphs of 2 trials:
     twice the parallelism of a job per graph). The verdicts are the ones `fields.verify` gives
-    alone, and they enter this process's memo."""
+    alone, and they enter this process's memo. The trials run in waves that fit in the
+    machine's memory together (`fields.memory`: at GPT-2 XL size, batch 8, 17 GB a trial)."""
     import fields
+    from fields import memory
 
     program = problem.program
     jobs = [
         (g, attempt) for g in graphs for attempt in range(fields.verify_plan(g, program, trials))
     ]
-    done = call(raw, problem, trial_full, jobs)
+    wave = max(1, memory.room() // max(1, memory.trial_bytes(program, program)))
+    done = []
+    for start in range(0, len(jobs), wave):  # as many trials at once as the memory holds
+        done += call(raw, problem, trial_full, jobs[start : start + wave])
     outcomes: dict[str, dict[int, Any]] = {}
     for (g, attempt), got in zip(jobs, done):
         outcomes.setdefault(g.canonical_hash, {})[attempt] = got
@@ -82,7 +87,11 @@ def confirm(
     checked: dict[int, dict] = {}  # index -> the full verification's record
     failed, last = 0, 0.0
     bad_keys: set[str] = set()
-    while True:
+    from fields import memory
+
+    fits = memory.trial_bytes(problem.program, problem.program) <= memory.room()
+    order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
+    while fits:  # else none is verified here; `select`'s check refuses them with the reason
         order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
         timed = timing_order([instances[i][2] for i in order], budget.confirm)
         todo = [order[k] for k, _ in timed if order[k] not in checked]

@@ -206,17 +206,23 @@ def _counts(program: Program, dims: Dims) -> dict[int, tuple[tuple[int, ...], bo
 
 
 def small_sizes(dims: Dims, small: int = SMALL) -> dict[int, int]:
-    """A small size per class: the largest divisor of the size that is <= `small`, kept even.
+    """A small size per class, kept even so that the representative can split it over a grid
+    axis of 2 (`schedule.grid_expansions`): the largest even divisor of the size in
+    [4, `small`]; an odd size (25 heads) becomes 4 (2 for 3), which need not divide it (a
+    grid over it at full size has tiles of 1: `schedule._grid_choices`).
 
-    Classes at or below `small`, and fixed classes, keep their size.
+    Even classes at or below `small`, classes of size 1 and fixed classes keep their size; so
+    does an even size with no even divisor in [4, `small`] (2·17).
     """
     out = {}
     for c, s in enumerate(dims.sizes):
-        if s <= small or c in dims.fixed:
+        if c in dims.fixed or s <= 2 or (s <= small and s % 2 == 0):
             out[c] = s
-            continue
-        best = max(d for d in range(1, small + 1) if s % d == 0)
-        out[c] = best if best >= 4 else s
+        elif s % 2:
+            out[c] = 4 if s > 4 else 2
+        else:
+            even = [d for d in range(4, small + 1, 2) if s % d == 0]
+            out[c] = max(even) if even else s
     return out
 
 
