@@ -283,3 +283,44 @@ def test_one_launch_forms_are_timed_beside_the_top_not_instead() -> None:
     assert [k for k, _ in timing_order(plain, 3)] == [0, 3, 1]
     assert [k for k, _ in timing_order(gs, 3)] == [0, 1, 5, 3]  # and the first "c" beside
     assert [k for k, _ in timing_order(gs, None)] == [0, 1, 5, 2, 3, 4]
+
+
+def test_a_large_region_verifies_only_the_fastest_after_timing(monkeypatch):
+    """Above `fields.memory.LARGE_TRIAL` the candidates are timed first and verified fastest
+    first until one is equal (GPT-2 XL at b=8: one full-size verification instead of five);
+    an unequal one that passed the float check is dropped with the reason; nothing is
+    verified where no candidate beats XLA."""
+    from fields import memory
+    from mirage_jax import select as select_mod
+
+    p = program()
+    wrong, good = graph(wrong=True), graph()
+    r = SearchResult((wrong, good), "exhausted", {})
+    right = fake_lower()(good)
+
+    def lower(g, backend="pallas"):  # both compute the right values: only the verifier sees
+        fn = lambda *xs: right(*xs)  # noqa: E731
+        fn.us = 5.0 if g is wrong else 8.0
+        return fn
+
+    def timer(fn, inputs):
+        return getattr(fn, "us", 10.0), "fake"
+
+    verified = []
+    real = select_mod._verify
+    monkeypatch.setattr(select_mod, "_verify", lambda g, *a: verified.append(g) or real(g, *a))
+    monkeypatch.setattr(memory, "LARGE_TRIAL", 0)
+    sel = select(r, p, tie=0.0, timer=timer, lower=lower, verify_trials=1)
+    assert verified == [wrong, good]  # after timing, fastest first
+    assert sel.best is good and sel.chosen.verdict.equal
+    assert "NotEqual" in sel.contenders[1].error and sel.contenders[1].us == 5.0
+
+    verified.clear()
+    slow = lambda fn, inputs: (getattr(fn, "us", 4.0), "fake")  # noqa: E731 (XLA at 4 µs)
+    sel = select(r, p, tie=0.0, timer=slow, lower=lower, verify_trials=1)
+    assert verified == [] and sel.best is None and "not faster" in sel.reason
+
+    monkeypatch.setattr(memory, "LARGE_TRIAL", 1 << 40)  # a small region: verified first
+    sel = select(r, p, tie=0.0, timer=timer, lower=lower, verify_trials=1)
+    assert sel.best is good and "not equal" in sel.contenders[1].error
+    assert sel.contenders[1].us is None  # dropped before it was timed

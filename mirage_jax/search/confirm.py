@@ -75,7 +75,9 @@ def confirm(
     the search's budget; judged by the last round's time): at prefill sizes each takes seconds
     (GPT-2 at b=8: 13 s). The rest stay verified on their small instance ("representative");
     `select` verifies whatever it times at full size again. The verdicts are kept in this
-    process's memo (`fields.verify`'s), where `select` asks the same questions."""
+    process's memo (`fields.verify`'s), where `select` asks the same questions. A region whose
+    trial is large (`fields.memory.LARGE_TRIAL`) or does not fit the machine's memory is not
+    verified at full size here: `select` times its µGraphs first and verifies the fastest."""
     firsts: dict[str, int] = {}
     for i, (_, _, _, key) in enumerate(instances):
         firsts.setdefault(key, i)
@@ -89,9 +91,10 @@ def confirm(
     bad_keys: set[str] = set()
     from fields import memory
 
-    fits = memory.trial_bytes(problem.program, problem.program) <= memory.room()
+    need = memory.trial_bytes(problem.program, problem.program)
+    fits = need <= min(memory.room(), memory.LARGE_TRIAL)
     order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
-    while fits:  # else none is verified here; `select`'s check refuses them with the reason
+    while fits:  # else none is verified here: `select` verifies the fastest it times
         order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
         timed = timing_order([instances[i][2] for i in order], budget.confirm)
         todo = [order[k] for k, _ in timed if order[k] not in checked]
