@@ -171,7 +171,7 @@ def attend(
             raise NotImplementedError("Pallas decode_attention: one query token, no causal mask")
         return _pallas_decode(q, k, v, valid_len, scale)
     if name.startswith("tokamax_"):
-        from experiments.reproduce import _import_tokamax
+        from experiments.reproduce_contenders import _import_tokamax
 
         tk = _import_tokamax()
         return tk.dot_product_attention(
