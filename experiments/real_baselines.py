@@ -257,7 +257,10 @@ def figure(doc: dict, out: Path) -> list[Path]:
             elif r is not None:  # not applicable, failed or untimed: marked, no bar
                 ax.text(x, 0.02, "n/a" if r["status"] == "n/a" else "×", ha="center",
                         va="bottom", fontsize=6, rotation=90)  # fmt: skip
-        ax.bar(xs, ys, width, label=LABELS.get(c, c), color=COLORS.get(c))
+        if xs:
+            ax.bar(xs, ys, width, label=LABELS.get(c, c), color=COLORS.get(c))
+        else:  # no bar to carry the colour: the legend still names the contender, marked ×
+            ax.bar([0], [0], 0, label=f"{LABELS.get(c, c)} (×)", color=COLORS.get(c))
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="jax.jit")
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([g.replace("_", " ") for g in groups], rotation=30, ha="right", fontsize=7)
