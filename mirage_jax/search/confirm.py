@@ -95,7 +95,6 @@ def confirm(
     fits = need <= min(memory.room(), memory.LARGE_TRIAL)
     order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
     while fits:  # else none is verified here: `select` verifies the fastest it times
-        order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
         timed = timing_order([instances[i][2] for i in order], budget.confirm)
         todo = [order[k] for k, _ in timed if order[k] not in checked]
         if not todo or (checked and time.monotonic() + last > deadline):
@@ -116,6 +115,7 @@ def confirm(
                 i = pool.pop(0)
                 if instances[i][3] not in bad_keys:
                     chosen.append(i)
+            order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
     kept = []
     for i in order:
         g = instances[i][2]
