@@ -34,7 +34,10 @@ CALL_PRIMITIVES = {
     "custom_lin",
 }
 FOLD_MAX_ELEMENTS = 4096
-"""Results of constants-only equations up to this size are folded into constants."""
+"""Float results of constants-only equations up to this size are folded into constants."""
+MASK_FOLD_MAX_ELEMENTS = 1 << 22
+"""Boolean and integer results (an iota, a causal mask) are folded up to this size: a mask
+that depends on no input is then a constant, and so is the additive bias made from it."""
 FOLD_NEVER = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
 """Primitives never folded: layouts of constants (a constant stays a scalar, broadcast)."""
 IDENTITY_PRIMITIVES = {"stop_gradient", "copy", "copy_p", "optimization_barrier_single"}
@@ -223,23 +226,42 @@ class _Builder:
         """A small result computed from constants only (shape arithmetic, `jnp.var`'s guard,
         an `iota`; not a layout of a constant) becomes a constant, by binding the equation's
         own primitive, so it cuts no float computation it feeds."""
-        if (
-            eqn.primitive.name in FOLD_NEVER
-            or math.prod(shape) > FOLD_MAX_ELEMENTS
-            or getattr(eqn, "effects", None)
-            or any(self.nodes[i].op != "constant" for i in ins)
-        ):
+        out_dtype = np.dtype(eqn.outvars[0].aval.dtype) if eqn.outvars else None
+        limit = (
+            MASK_FOLD_MAX_ELEMENTS
+            if out_dtype is not None and out_dtype.kind in "biu"
+            else FOLD_MAX_ELEMENTS
+        )
+        if eqn.primitive.name in FOLD_NEVER or math.prod(shape) > limit:
+            return None
+        if getattr(eqn, "effects", None):
+            return None
+        args = [self.constant_value(i) for i in ins]
+        if any(a is None for a in args):
             return None
         try:
             params = eqn.primitive.get_bind_params(eqn.params)
             with jax.ensure_compile_time_eval():
-                value = eqn.primitive.bind(
-                    *[self.nodes[i].param("value").array for i in ins], **params
-                )
+                value = eqn.primitive.bind(*args, **params)
             value = np.asarray(value)
         except Exception:  # anything that does not evaluate eagerly stays an opaque op
             return None
         return self.const(value, dtype_name(value.dtype))
+
+    def constant_value(self, i: int) -> Any:
+        """Node i's value if it is a constant or a broadcast of one (`jnp.ones`' form, which
+        stays a broadcast in the program), else None."""
+        n = self.nodes[i]
+        if n.op == "constant":
+            return n.param("value").array
+        if n.op == "broadcast_in_dim" and self.nodes[n.args[0]].op == "constant":
+            src = np.asarray(self.nodes[n.args[0]].param("value").array)
+            dims = n.param("broadcast_dimensions")
+            kept = [1] * len(n.shape)
+            for k, d in enumerate(dims):
+                kept[d] = src.shape[k]
+            return np.broadcast_to(src.reshape(kept), n.shape)
+        return None
 
     def opaque(self, eqn: Any, ins: list[int]) -> list[int]:
         payload = Opaque(eqn.primitive, eqn.params)
@@ -332,6 +354,23 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
     pred, dims = _unbroadcast(b, ins[0], len(shape))
     small = b.shape(pred)
     select = Opaque(jax.lax.select_n_p, {})
+    kept = [1] * len(shape)
+    for k, d in enumerate(dims):
+        kept[d] = small[k]
+    if b.nodes[pred].op == "constant":
+        # a mask that depends on no input (`tril` of an iota): its bias is a constant, so
+        # no XLA kernel makes it again on every call
+        mask = np.asarray(b.nodes[pred].param("value").array).reshape(kept)
+        bias = b.const(np.where(mask, 0.0, fill), dtype)
+        if tuple(kept) != tuple(shape):
+            bias = b.op(
+                "broadcast_in_dim",
+                (bias,),
+                shape,
+                dtype,
+                broadcast_dimensions=tuple(range(len(shape))),
+            )
+        return b.binary("add", ins[2], bias, dtype)
     if small == tuple(shape):
         zero = b.op(
             "broadcast_in_dim", (b.const(0.0, dtype),), shape, dtype, broadcast_dimensions=()
@@ -342,9 +381,6 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
     # made at that shape and broadcast as a float inside the region, so no full-size bias is
     # written to memory and read back
     # (kept at the full rank, size 1 where broadcast: µGraph ops broadcast only size-1 dims)
-    kept = [1] * len(shape)
-    for k, d in enumerate(dims):
-        kept[d] = small[k]
     pred = b.reshape(pred, kept)
     zero, fill_s = (
         b.op("broadcast_in_dim", (b.const(v, dtype),), kept, dtype, broadcast_dimensions=())

@@ -352,6 +352,7 @@ def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]
                     continue
                 if nodes[a].op == "input" or cls.kinds[a] != "structural" or a in weights:
                     ins.append(a)
+        ins.extend(_weights_under_copies(program, members, ins, weights))
         # A convert of another input (a float32 copy of a float16 stream) is recomputed
         # inside, so the region sees one value, not two unrelated inputs.
         recomputed = {a for a in ins if nodes[a].op == "convert" and nodes[a].args[0] in ins}
@@ -371,6 +372,27 @@ def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]
         )  # fmt: skip
         regions.append(Region(k, members, tuple(ins), tuple(outs), sub, tuple(neighbours)))
     return Partition(program, tuple(regions), residual, cls, tuple(order))
+
+
+def _weights_under_copies(
+    program: Program, members: Sequence[int], ins: Sequence[int], weights: set[int]
+) -> list[int]:
+    """Array literals read by the constant-like values a region copies in (a causal bias
+    under its broadcast): they are region inputs too, not copies."""
+    nodes, const, mset = program.nodes, constant_like(program), set(members)
+    found: list[int] = []
+    stack = [a for m in members for a in nodes[m].args if a in const and a not in mset]
+    seen: set[int] = set()
+    while stack:
+        a = stack.pop()
+        if a in seen or a in ins:
+            continue
+        seen.add(a)
+        if a in weights:
+            found.append(a)
+        else:
+            stack.extend(nodes[a].args)
+    return sorted(found)
 
 
 def _unit_key(u: tuple[str, int], groups: dict[int, list[int]], roots: list[int]) -> int:

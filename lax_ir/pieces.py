@@ -74,12 +74,16 @@ def constant_like(program: Program) -> set[int]:
 
 def array_constants(program: Program) -> set[int]:
     """Constant-like nodes computed from an array literal (a closed-over weight: a µGraph
-    reads it as a kernel argument, so a region takes it as an input, not a copy)."""
+    reads it as a kernel argument, so a region takes it as an input, not a copy). A broadcast
+    that widens one is not: the region reads the literal and broadcasts it itself, so XLA
+    does not write the widened copy on every call."""
     out: set[int] = set()
     const = constant_like(program)
     for i, n in enumerate(program.nodes):
         if i not in const:
             continue
+        if n.op == "broadcast_in_dim" and n.size > program.nodes[n.args[0]].size:
+            continue  # a widened constant (a causal bias over heads) is widened in the region
         if (n.op == "constant" and n.size > 1) or any(a in out for a in n.args):
             out.add(i)
     return out

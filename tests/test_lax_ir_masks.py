@@ -63,3 +63,28 @@ def test_constants_only_equations_are_folded():
     part = lax_ir.partition(lax_ir.capture(layer_norm, jnp.ones((8, 32))))
     assert [r for r in part.regions if not r.is_trivial].__len__() == 1, part.explain()
     assert not part.residual
+
+
+def test_a_causal_mask_that_depends_on_no_input_is_a_constant_bias():
+    """`tril` of an iota at 128 × 128 (past the small-fold size) becomes one constant bias the
+    attention region reads: no select is left for XLA to run on every call."""
+    t = 128
+
+    def f(q, k, v):
+        s = jnp.einsum("qd,kd->qk", q, k) * 0.125
+        s = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((t, 16)), jnp.float32) for _ in range(3))
+    p = lax_ir.capture(f, q, k, v)
+    assert not any(n.op == "opaque" for n in p.nodes), [n.op for n in p.nodes]
+    biases = [n for n in p.nodes if n.op == "constant" and n.shape == (t, t)]
+    assert len(biases) == 1
+    bias = np.asarray(biases[0].param("value").array)
+    np.testing.assert_array_equal(bias, np.where(np.tri(t, dtype=bool), 0.0, -np.inf))
+    part = lax_ir.partition(p)
+    assert [r for r in part.regions if not r.is_trivial].__len__() == 1, part.explain()
+    got = jax.jit(lax_ir.rebuild(part))(q, k, v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(f)(q, k, v)), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
