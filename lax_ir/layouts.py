@@ -14,7 +14,8 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   swaps go to the edges;
 - **scale**: `(A @ B) * c`, c a scalar constant and A an input (attention's 1/sqrt(d) on Q), is
   `(c A) @ B` with the scaling done before the call (exact for a power of two; otherwise one
-  rounding, inside any float tolerance), which saves the kernel one op;
+  rounding, inside any float tolerance), which saves the kernel one op; not where A is read
+  in place (`read_in_place`: a Q transposed at the interface), which the scaling would copy;
 - **unit axes**: a reshape that only inserts size-1 axes into an elementwise result is applied
   to the operands instead (right-aligned broadcasting keeps their meaning), until it reaches
   the inputs.
@@ -107,6 +108,16 @@ def trailing_transpose(ops: Ops) -> tuple[int, tuple[int, ...]] | None:
         perm = p if perm is None else tuple(p[q] for q in perm)
         n += 1
     return None if perm is None else (n, perm)
+
+
+def read_in_place(ops: Ops, rank: int) -> bool:
+    """Can a kernel read an input with these interface steps in the layout it is stored in:
+    do they end in transposes that keep the stored array's contiguous axis among the tile's
+    two (`mirage_jax.regions.stored_views`)? Such an input is not scaled at the interface
+    (`_scale_rule`): XLA would then write a scaled copy on every call, where the kernel can
+    scale the scores it computes at no cost."""
+    t = trailing_transpose(ops)
+    return rank >= 2 and t is not None and rank - 1 in t[1][-2:]
 
 
 def stored_shape(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, ...]:
@@ -612,7 +623,7 @@ def _scale_rule(g: _Graph) -> bool:
         if mn.op != "matmul" or cn.op != "constant" or cn.shape or len(g.users(m)) != 1:
             continue
         a = mn.args[0]
-        if a not in g.inputs:
+        if a not in g.inputs or read_in_place(g.in_ops[a][1], len(g.nodes[a].shape)):
             continue
         scale = ("scale", float(np.asarray(cn.param("value").array)))
         new = g.new_input(g.nodes[a], a, scale)

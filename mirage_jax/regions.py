@@ -17,7 +17,7 @@ from typing import Any
 import jax
 
 import lax_ir
-from lax_ir.layouts import Views, adapt, stored_shape, trailing_transpose
+from lax_ir.layouts import Views, adapt, read_in_place, stored_shape, trailing_transpose
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
 
@@ -366,10 +366,8 @@ def stored_views(program: Any, backend: str) -> Views:
         return {}
     out: Views = {}
     for k, (_, ops) in enumerate(interface["inputs"]):
-        rank = len(program.input_avals[k][0])
-        t = trailing_transpose(ops)
-        if rank >= 2 and t is not None and rank - 1 in t[1][-2:]:
-            out[k] = t[1]
+        if read_in_place(ops, len(program.input_avals[k][0])):
+            out[k] = trailing_transpose(ops)[1]
     return out
 
 

@@ -88,6 +88,35 @@ def test_repeated_kv_heads_are_read_once_as_stored() -> None:
     assert shapes.count((B, S, K, H)) == 2, shapes
 
 
+def test_a_query_read_in_place_keeps_its_scale_inside_the_region() -> None:
+    """GPT-2's form (`einsum("bqhd,bkhd->bhqk") * c`): Q, K and V all reach the region as
+    transposes of the stored (B, T, heads, D) arrays, which a Triton kernel reads in place
+    (`stored_views`). Scaling Q at the interface would make XLA write a scaled, transposed
+    copy of Q on every call; the scale stays in the region instead, with the same values."""
+    from lax_ir.layouts import read_in_place
+
+    def fn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.125
+        return jnp.einsum("bhqk,bkhd->bqhd", _softmax(s, -1), v)
+
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal((1, 16, 4, 8), np.float32) for _ in range(3)]
+    program = lax_ir.capture(fn, *args)
+    part = lax_ir.partition(program)
+    (exp,) = [i for i, n in program.ops() if n.op == "exp"]
+    inner = part.region_of(exp).program
+    steps = [op for _, ops in inner.meta["interface"]["inputs"] for op, _ in ops]
+    assert "scale" not in steps, inner.meta["interface"]
+    assert inner.op_counts()["mul"] == 1
+    in_place = [
+        read_in_place(ops, len(inner.input_avals[k][0]))
+        for k, (_, ops) in enumerate(inner.meta["interface"]["inputs"])
+    ]
+    assert in_place == [True, True, True], inner.meta["interface"]
+    got = jax.jit(lax_ir.rebuild(part))(*args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
+
+
 def test_softmax_over_a_query_axis_is_left_alone() -> None:
     """A softmax over the query tokens is not an attention core: the program is unchanged."""
 
