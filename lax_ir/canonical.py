@@ -258,6 +258,7 @@ def _reshaped(program: Program, new: list[Node], inputs: list[int], outputs: lis
             () if new[j].shape == old[o].shape else (("reshape", old[o].shape),)
             for o, j in zip(program.outputs, outputs)
         ),
+        "shapes": tuple(tuple(old[i].shape) for i in program.inputs),
     }
     meta = {
         "name": program.meta.get("name", "region"),

@@ -14,8 +14,7 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   swaps go to the edges;
 - **scale**: `(A @ B) * c`, c a scalar constant and A an input (attention's 1/sqrt(d) on Q), is
   `(c A) @ B` with the scaling done before the call (exact for a power of two; otherwise one
-  rounding, inside any float tolerance), which saves the kernel one op; not where A is read
-  in place (`read_in_place`: a Q transposed at the interface), which the scaling would copy;
+  rounding, inside any float tolerance), which saves the kernel one op;
 - **unit axes**: a reshape that only inserts size-1 axes into an elementwise result is applied
   to the operands instead (right-aligned broadcasting keeps their meaning), until it reaches
   the inputs.
@@ -23,7 +22,8 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   over rows), is `(x Wᵀ)ᵀ`; the result's transpose then moves past unit-inserting reshapes and
   elementwise ops (an input operand transposed back at the interface) to the outputs.
 
-The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...)}`,
+The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...),
+"shapes": (the region's own input shapes, by position)}`,
 ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("broadcast", shape) (size-1
 axes widened) / ("scale", c) steps: canonical input k is the
 region's input `position` with `ops` applied; the region's output j is canonical output j with
@@ -33,7 +33,7 @@ region's input `position` with `ops` applied; the region's output j is canonical
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -51,6 +51,7 @@ def identity_interface(program: Program) -> dict[str, Any]:
     return {
         "inputs": tuple((k, ()) for k in range(len(program.inputs))),
         "outputs": tuple(() for _ in program.outputs),
+        "shapes": tuple(tuple(s) for s, _ in program.input_avals),
     }
 
 
@@ -64,6 +65,7 @@ def compose(first: dict[str, Any] | None, then: dict[str, Any]) -> dict[str, Any
             for pos, ops in then["inputs"]
         ),
         "outputs": tuple((*o2, *o1) for o2, o1 in zip(then["outputs"], first["outputs"])),
+        "shapes": first.get("shapes"),
     }
 
 
@@ -110,16 +112,6 @@ def trailing_transpose(ops: Ops) -> tuple[int, tuple[int, ...]] | None:
     return None if perm is None else (n, perm)
 
 
-def read_in_place(ops: Ops, rank: int) -> bool:
-    """Can a kernel read an input with these interface steps in the layout it is stored in:
-    do they end in transposes that keep the stored array's contiguous axis among the tile's
-    two (`mirage_jax.regions.stored_views`)? Such an input is not scaled at the interface
-    (`_scale_rule`): XLA would then write a scaled copy on every call, where the kernel can
-    scale the scores it computes at no cost."""
-    t = trailing_transpose(ops)
-    return rank >= 2 and t is not None and rank - 1 in t[1][-2:]
-
-
 def stored_shape(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, ...]:
     """The shape of the stored array whose `transpose(perm)` has `shape`."""
     out = [0] * len(shape)
@@ -129,19 +121,23 @@ def stored_shape(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, ...]:
 
 
 def adapt(
-    fn: Callable[..., Any], program: Program, stored: Collection[int] = frozenset()
+    fn: Callable[..., Any],
+    program: Program,
+    stored: Mapping[int, Ops] | None = None,
+    written: Mapping[int, Ops] | None = None,
 ) -> Callable[..., Any]:
     """`fn` (a function of `program`'s inputs) taking and returning the region's own values;
-    canonical inputs in `stored` reach `fn` without their trailing transposes (a permutation
-    the kernel reads through: `trailing_transpose`)."""
+    canonical inputs k in `stored` reach `fn` with the steps `stored[k]` applied instead of
+    their interface steps (a view the kernel reads through: `lax_ir.views.input_view`), and
+    outputs k in `written` leave `fn` laid out otherwise, made the region's by `written[k]`
+    (`lax_ir.views.output_view`)."""
     interface = program.meta.get("interface")
     if interface is None:
         return fn
+    stored, written = stored or {}, written or {}
     ins, outs = interface["inputs"], interface["outputs"]
-    cut = []
-    for k, (pos, ops) in enumerate(ins):
-        t = trailing_transpose(ops) if k in stored else None
-        cut.append((pos, ops[: len(ops) - t[0]] if t else ops))
+    cut = [(pos, stored.get(k, ops)) for k, (pos, ops) in enumerate(ins)]
+    outs = [written.get(k, ops) for k, ops in enumerate(outs)]
 
     def adapted(*xs: Any) -> list[Any]:
         got = fn(*[apply_ops(xs[pos], ops) for pos, ops in cut])
@@ -203,6 +199,7 @@ class _Graph:
         iface = program.meta.get("interface") or identity_interface(program)
         self.in_ops = {i: iface["inputs"][k] for k, i in enumerate(self.inputs)}
         self.out_ops = list(iface["outputs"])
+        self.shapes = iface.get("shapes")
         self.name = program.meta.get("name", "region")
 
     def live(self) -> list[int]:
@@ -279,6 +276,7 @@ class _Graph:
             "interface": {
                 "inputs": tuple(self.in_ops[i] for i in inputs),
                 "outputs": tuple(self.out_ops),
+                "shapes": self.shapes,
             },
         }
         return Program.build(
@@ -623,7 +621,7 @@ def _scale_rule(g: _Graph) -> bool:
         if mn.op != "matmul" or cn.op != "constant" or cn.shape or len(g.users(m)) != 1:
             continue
         a = mn.args[0]
-        if a not in g.inputs or read_in_place(g.in_ops[a][1], len(g.nodes[a].shape)):
+        if a not in g.inputs:
             continue
         scale = ("scale", float(np.asarray(cn.param("value").array)))
         new = g.new_input(g.nodes[a], a, scale)

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 import lax_ir
+from lax_ir.views import layout_after
 from mirage_jax._env import _WARNED as _WARNED
 from mirage_jax._env import FallbackError as FallbackError
 from mirage_jax._env import MirageWarning as MirageWarning
@@ -399,8 +400,9 @@ class MirageJit:
                 region, "not in the cache (search='cached')"
             )
             if decision.status == "kernel":
+                after = [layout_after(part.program, o) for o in region.outputs]
                 impl = region_kernel(
-                    decision, region, backend, self.opts.lower_config, self.opts.strict
+                    decision, region, backend, self.opts.lower_config, self.opts.strict, after
                 )
                 if isinstance(impl, str):
                     decision = xla_decision(region, impl, decision)

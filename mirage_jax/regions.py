@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 import lax_ir
-from lax_ir.layouts import Views, adapt, read_in_place, stored_shape, trailing_transpose
+from lax_ir.layouts import Ops, Views, adapt, stored_shape, trailing_transpose
+from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
 
@@ -199,11 +201,11 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
     inputs in the layout they are stored in (`stored_views`) as `region_kernel` does."""
     from mirage_jax.select import InContext, random_arrays
 
-    views = stored_views(program, backend)
+    st = stored_views(program, backend)
     return InContext(
         inputs=lambda seed: random_arrays(avals, opts.seed + seed),
-        wrap=lambda fn, kernel: adapt(fn, program, stored=views if kernel else frozenset()),
-        lower=lambda g, backend: lower_mugraph(g, backend, opts.lower_config, views),
+        wrap=lambda fn, kernel: adapt(fn, program, stored=st.steps if kernel else None),
+        lower=lambda g, backend: lower_mugraph(g, backend, opts.lower_config, st.views),
     )
 
 
@@ -295,16 +297,33 @@ def select_searched(
 
 
 def region_kernel(
-    decision: Any, region: Any, backend: str, lower_config: Any, strict: bool | None = None
+    decision: Any,
+    region: Any,
+    backend: str,
+    lower_config: Any,
+    strict: bool | None = None,
+    after: Sequence[Ops] | None = None,
 ) -> Callable | str:
-    """The region's replacement (a custom_jvp around the lowered µGraph), or why not.
+    """The region's replacement (a custom_jvp around the lowered µGraph), or why not. `after`:
+    the layout steps the program applies to each region output (`lax_ir.views.layout_after`),
+    so a kernel can write an output in the layout they end in.
 
     A failure is a warning and the region runs as XLA; in strict mode it raises (`fallback`).
     """
     program = region.program
-    views = stored_views(program, backend)
+    st = stored_views(program, backend, after)
+    views = st.views
+    order = (decision.verification or {}).get("output_order")
+    order = list(order) if order else list(range(len(program.outputs)))
+    out_perms = {k: perm for k, (perm, _) in st.outputs.items()}
     try:
-        impl = lower_mugraph(decision.mugraph, backend, lower_config, views)
+        impl = lower_mugraph(
+            decision.mugraph,
+            backend,
+            lower_config,
+            views,
+            {order[k]: perm for k, perm in out_perms.items()},
+        )
     except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
         fallback(
             f"lower:{decision.cache_key}:{backend}",
@@ -314,8 +333,6 @@ def region_kernel(
             strict,
         )
         return f"lowering failed ({type(e).__name__}: {e})"
-    order = (decision.verification or {}).get("output_order")
-    order = list(order) if order else list(range(len(program.outputs)))
 
     out_dtypes = [d for _, d in program.output_avals]
 
@@ -340,7 +357,10 @@ def region_kernel(
             strict,
         )
         return f"lowered kernel fails to trace ({type(e).__name__})"
-    want = [(tuple(s), str(d)) for s, d in program.output_avals]
+    want = [
+        (stored_shape(s, out_perms[k]) if k in out_perms else tuple(s), str(d))
+        for k, (s, d) in enumerate(program.output_avals)
+    ]
     if got != want:
         fallback(
             f"lower-avals:{decision.cache_key}:{backend}",
@@ -350,25 +370,61 @@ def region_kernel(
             strict,
         )
         return "lowered kernel has the wrong output shapes/dtypes"
-    return adapt(with_xla_jvp(ordered, program, views), program, views)
+    out_steps = {k: (("reshape", r), ("transpose", p)) for k, (_, (r, p)) in st.outputs.items()}
+    jvp = with_xla_jvp(ordered, program, views, out_perms)
+    return adapt(jvp, program, st.steps, out_steps)
 
 
-def stored_views(program: Any, backend: str) -> Views:
-    """The region's inputs the kernel reads in the layout they are stored in, with the
-    permutation the interface would apply (`trailing_transpose`): a weight stored as W that
-    the µGraph reads as Wᵀ (equinox's and Gemma's layouts), a KV cache stored (B, S, heads, D)
-    read as Kᵀ per head. Only where the backend reads views in place (`VIEWS`: Triton), and
-    the stored array's contiguous axis is one of the tile's two (loads stay coalesced); XLA
-    then no longer copies them on every call."""
+@dataclass(frozen=True)
+class Stored:
+    """How a kernel takes a region's inputs: `views`, position -> the permutation it reads a
+    stored array through; `steps`, position -> the interface steps XLA still applies to such an
+    input, or to one whose layout steps are only a reshape (`lax_ir.views`)."""
+
+    views: Views
+    steps: dict[int, Ops]
+    outputs: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]]
+
+
+def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None) -> Stored:
+    """The region's inputs the kernel reads in the layout they are stored in: a weight stored
+    as W that the µGraph reads as Wᵀ (equinox's and Gemma's layouts), a KV cache stored
+    (B, S, heads, D) read as Kᵀ per head, GPT-2's Q, K and V split from one projection. Only
+    where the backend reads views in place (`VIEWS`: Triton), and the stored array's contiguous
+    axis is one of the tile's two (loads stay coalesced); XLA then no longer copies them on
+    every call. Layout steps that only reshape are a free reshape for any backend.
+
+    `outputs`: output k -> (perm, (stored shape, transpose)) where the kernel writes the array
+    whose `transpose(perm)` is the output, so that the layout steps `after[k]` the program
+    applies to it move no data (`lax_ir.views.output_view`); only with `after`."""
     interface = program.meta.get("interface")
+    if interface is None:
+        return Stored({}, {}, {})
     b = backends.get(backend)
-    if interface is None or b.module is None or not getattr(b.load(), "VIEWS", False):
-        return {}
-    out: Views = {}
-    for k, (_, ops) in enumerate(interface["inputs"]):
-        if read_in_place(ops, len(program.input_avals[k][0])):
-            out[k] = trailing_transpose(ops)[1]
-    return out
+    in_place = b.module is not None and getattr(b.load(), "VIEWS", False)
+    shapes = interface.get("shapes")
+    views: Views = {}
+    steps: dict[int, Ops] = {}
+    for k, (pos, ops) in enumerate(interface["inputs"]):
+        if shapes is None:  # an interface made without the region's shapes: transposes only
+            t = trailing_transpose(ops)
+            rank = len(program.input_avals[k][0])
+            if in_place and rank >= 2 and t is not None and rank - 1 in t[1][-2:]:
+                views[k], steps[k] = t[1], ops[: len(ops) - t[0]]
+            continue
+        got = input_view(shapes[pos], ops) if in_place else None
+        if got is not None:
+            steps[k], views[k] = got
+            continue
+        free = free_reshape(shapes[pos], ops)
+        if free is not None:
+            steps[k] = free
+    outputs = {}
+    for k, ops in enumerate(interface["outputs"] if in_place and after else ()):
+        got = output_view(program.output_avals[k][0], ops, after[k])
+        if got is not None:
+            outputs[k] = got
+    return Stored(views, steps, outputs)
 
 
 def _as(x: Any, dtype: Any) -> Any:
@@ -386,33 +442,46 @@ def _as(x: Any, dtype: Any) -> Any:
 
 
 def lower_mugraph(
-    mugraph: Any, backend: str, lower_config: Any = None, views: Views | None = None
+    mugraph: Any,
+    backend: str,
+    lower_config: Any = None,
+    views: Views | None = None,
+    out_views: Views | None = None,
 ) -> Callable[..., Sequence[Any]]:
     """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
-    inputs in `views` arrive as stored (`lower`)."""
+    inputs in `views` arrive as stored, outputs in `out_views` leave as stored (`lower`)."""
     from mirage_jax.lower import lower
 
-    if views:
-        return lower(mugraph, backend=backend, config=lower_config, views=views)
-    return lower(mugraph, backend=backend, config=lower_config)
+    extra: dict[str, Any] = {"views": views} if views else {}
+    if out_views:
+        extra["out_views"] = out_views
+    return lower(mugraph, backend=backend, config=lower_config, **extra)
 
 
 def with_xla_jvp(
-    impl: Callable[..., Sequence[Any]], program: Any, views: Views | None = None
+    impl: Callable[..., Sequence[Any]],
+    program: Any,
+    views: Views | None = None,
+    out_views: Views | None = None,
 ) -> Callable[..., list[Any]]:
     """`impl` as a custom_jvp whose tangent is the XLA jvp of the region `program`.
 
     The kernel computes the primal; the tangent is XLA's, linear in the input tangents, so
     forward mode, reverse mode (JAX transposes the tangent), higher orders and vmap all work
-    as they do under `jax.jit`. Inputs in `views` come as stored (`stored_views`).
+    as they do under `jax.jit`. Inputs in `views` come as stored, outputs in `out_views` leave
+    as stored (`stored_views`).
     """
+    views_, outs_ = views or {}, out_views or {}
 
     def xla(*xs: Any) -> tuple[Any, ...]:
-        views_ = views or {}
         xs = tuple(
             jax.numpy.transpose(x, views_[k]) if k in views_ else x for k, x in enumerate(xs)
         )
-        return tuple(lax_ir.evaluate(program, *xs))
+        ys = lax_ir.evaluate(program, *xs)
+        return tuple(
+            jax.numpy.transpose(y, tuple(int(q) for q in np.argsort(outs_[k]))) if k in outs_ else y
+            for k, y in enumerate(ys)
+        )
 
     @jax.custom_jvp
     def kernel(*xs: Any) -> tuple[Any, ...]:

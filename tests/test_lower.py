@@ -592,6 +592,31 @@ def test_inputs_stored_permuted_are_read_as_views(backend):
         np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["pallas-interpret", "triton"])
+def test_outputs_written_permuted_are_the_outputs_transposed(backend):
+    """An output in `out_views` comes back as the array whose transpose(perm) is the output:
+    Triton's kernel writes it so through permuted strides (interpreted here), and the kernel
+    source says so; Pallas's is transposed by XLA. Inputs read as views at the same time."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    g = HAND_BUILT["softmax"]("float32")
+    xs = _inputs(g, seed=7)
+    want = lower(g, backend=backend, interpret=True)(*xs)
+    perm = (1, 0, 2)  # the output (B, T, D) written (T, B, D), as attention's (T, heads, D)
+    got = lower(g, backend=backend, interpret=True, out_views={0: perm})(*xs)
+    assert got[0].shape == tuple(want[0].shape[p] for p in np.argsort(perm))
+    np.testing.assert_allclose(
+        np.transpose(np.asarray(got[0]), perm), np.asarray(want[0]), rtol=1e-5, atol=1e-5
+    )
+    if backend == "triton":
+        from mirage_jax.lower import triton as T
+        from mirage_jax.lower.kernel_graph import plan
+
+        (p,) = [q for q in plan(g).values() if q.bg.outputs]
+        _, src = T.kernel_source(p, T.default_config(), out_views={0: perm})
+        assert f"written as the array whose transpose {perm}" in src
+
+
 def test_inputs_stored_transposed_are_views_pallas_interpret():
     """Pallas has no in-place views: XLA transposes them before the kernels."""
     _views_check("pallas-interpret", True)

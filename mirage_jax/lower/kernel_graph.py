@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lax_ir import FloatAlgebra
 from lax_ir.layouts import Views, stored_shape, swap_perm
@@ -79,6 +80,7 @@ def lower(
     config: Any = None,
     interpret: bool | None = None,
     views: Views | Collection[int] = frozenset(),
+    out_views: Views | None = None,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """Lower a µGraph to a jitted JAX function of its inputs returning a tuple of its outputs.
 
@@ -86,7 +88,10 @@ def lower(
     `stored.transpose(views[pos])` (a weight kept as W where the µGraph reads Wᵀ, a KV cache
     kept (B, S, heads, D) read as Kᵀ per head; a bare collection of positions means the last
     two axes exchanged). Kernels of a backend that can (`VIEWS`) read them in place; every
-    other reader gets them transposed by XLA.
+    other reader gets them transposed by XLA. Outputs at the positions in `out_views` are
+    returned as stored: the array whose `transpose(out_views[pos])` is the output, written so
+    in place by a kernel of such a backend that produces it alone (`triton`), else transposed
+    by XLA.
 
     Arguments:
         mugraph: the µGraph (validated first).
@@ -130,10 +135,14 @@ def lower(
     }
     kernels = {}
     group = mugraph.one_launch() if hasattr(mod, "build_group") else ()
+    out_views = dict(out_views or {})
+    written = _written_in_place(mugraph, out_views, plans, group) if in_place else {}
     for i, p in plans.items():
         if i in group:
             continue
         extra = {"views": kernel_views[i]} if kernel_views[i] else {}
+        if written.get(i):
+            extra["out_views"] = written[i]
         where = f"kernel op {i} (graph_defined)"
         kernels[i] = mod.build_kernel(p, config, interpret=interpret, where=where, **extra)
     launch = None  # the kernels of `group`, launched as one (`MuGraph.one_launch`)
@@ -188,10 +197,30 @@ def lower(
                     env[(i, j)] = y
             else:
                 env[(i, 0)] = apply_kernel_op(jnp_algebra, op, xs, shapes, i)
-        return tuple(env[r] for r in outputs)
+        return tuple(
+            env[r]
+            if pos not in out_views or r[1] in written.get(r[0], {})
+            else jnp.transpose(env[r], tuple(int(q) for q in np.argsort(out_views[pos])))
+            for pos, r in enumerate(outputs)
+        )
 
     run.__name__ = f"mugraph_{mugraph.canonical_hash[:12]}_{backend}"
     return jax.jit(run)
+
+
+def _written_in_place(
+    mugraph: MuGraph, out_views: Views, plans: Mapping[int, Any], group: Sequence[int]
+) -> dict[int, dict[int, tuple[int, ...]]]:
+    """kernel op id -> {its output j: permutation} for the µGraph outputs in `out_views` that
+    a kernel launched alone produces and nothing else in the µGraph reads."""
+    read = {a for op in mugraph.ops for a in op.args}
+    out: dict[int, dict[int, tuple[int, ...]]] = {}
+    for pos, perm in out_views.items():
+        i, j = mugraph.outputs[pos]
+        alone = (i, j) not in read and mugraph.outputs.count((i, j)) == 1
+        if i in plans and i not in group and alone:
+            out.setdefault(i, {})[j] = tuple(perm)
+    return out
 
 
 def lowered_ops(mugraph: MuGraph) -> Sequence[str]:

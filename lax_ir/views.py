@@ -1,0 +1,218 @@
+"""Which layout steps at a region's interface a kernel can read through in place.
+
+A region's canonical input k is its input `position` with interface steps applied (reshapes,
+transposes, ...: `lax_ir.layouts`). Any reshape of a row-major array is free, a transpose is a
+copy XLA writes on every call. A chain of reshapes and transposes is a *view* when it equals
+one reshape of the stored array followed by one transpose: a kernel then reads the stored
+array in place, through the permuted strides (`mirage_jax.lower.triton._tile_access`).
+
+`input_view` finds that form by following the stored array's axes ("atoms": its axes, split
+where a reshape splits them) through each step. The chain is a view when every axis of the
+result holds atoms that lie next to each other, in order, in the stored array: Gemma's
+`transpose(0, 2, 1, 3)`, `reshape` (dropping a unit batch), `transpose(0, 2, 1)` of a cache
+stored (1, S, heads, D) is one; the same at batch 8, which merges the batch with the heads,
+is not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+Ops = tuple[tuple[str, tuple], ...]
+LAYOUT_STEPS = ("reshape", "transpose")
+
+
+def shape_after(shape: Sequence[int], ops: Ops) -> tuple[int, ...]:
+    """The shape of an array of `shape` with interface steps `ops` applied."""
+    out = tuple(shape)
+    for op, arg in ops:
+        if op in ("reshape", "broadcast"):
+            out = tuple(arg)
+        elif op == "transpose":
+            out = tuple(out[p] for p in arg)
+    return out
+
+
+class _Atoms:
+    """The stored array's axes, refined where a reshape splits one; `order` is memory order."""
+
+    def __init__(self, shape: Sequence[int]):
+        self.size = {k: int(d) for k, d in enumerate(shape) if d != 1}
+        self.order = [k for k, d in enumerate(shape) if d != 1]
+        self.next = len(shape)
+
+    def split(self, a: int, major: int) -> tuple[int, int]:
+        """Atom a split into (major, rest) sizes; returns the two new atoms."""
+        first, second = self.next, self.next + 1
+        self.next += 2
+        self.size[first], self.size[second] = major, self.size[a] // major
+        i = self.order.index(a)
+        self.order[i : i + 1] = [first, second]
+        del self.size[a]
+        return first, second
+
+
+def _reshape(atoms: _Atoms, axes: list[list[int]], shape: Sequence[int]) -> list[list[int]] | None:
+    """The axes (atom lists) after reshaping to `shape`, or None where sizes do not divide."""
+    queue = [a for ax in axes for a in ax]  # logical row-major order of the current array
+    out: list[list[int]] = []
+    for d in shape:
+        group: list[int] = []
+        need = int(d)
+        while need > 1:
+            if not queue:
+                return None
+            a = queue.pop(0)
+            n = atoms.size[a]
+            if n <= need:
+                if need % n:
+                    return None
+                group.append(a)
+                need //= n
+            else:
+                if n % need:
+                    return None
+                major, rest = atoms.split(a, need)
+                for ax in axes:  # the split atom's old place is gone everywhere
+                    if a in ax:
+                        i = ax.index(a)
+                        ax[i : i + 1] = [major, rest]
+                group.append(major)
+                queue.insert(0, rest)
+                need = 1
+        out.append(group)
+    return out if not queue else None
+
+
+def _layout(shape: Sequence[int], ops: Ops) -> tuple[_Atoms, list[list[int]]] | None:
+    """Follow the stored array's atoms through reshapes and transposes."""
+    atoms = _Atoms(shape)
+    axes: list[list[int]] = [[k] if d != 1 else [] for k, d in enumerate(shape)]
+    for op, arg in ops:
+        if op == "transpose":
+            axes = [axes[p] for p in arg]
+        elif op == "reshape":
+            got = _reshape(atoms, axes, arg)
+            if got is None:
+                return None
+            axes = got
+        else:
+            return None
+    return atoms, axes
+
+
+def view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(stored shape, permutation) with `apply(x, ops) == x.reshape(stored).transpose(perm)`
+    for x of `shape`, where `ops` (reshapes and transposes only) is a view; else None."""
+    got = _layout(shape, ops)
+    if got is None:
+        return None
+    atoms, axes = got
+    owner = {a: k for k, ax in enumerate(axes) for a in ax}
+    runs: list[int] = []  # result axes in the stored array's memory order, one per run
+    for a in atoms.order:
+        k = owner[a]
+        if runs and runs[-1] == k:
+            continue
+        if k in runs:
+            return None  # an axis whose atoms are not next to each other
+        runs.append(k)
+    for k, ax in enumerate(axes):  # atoms of one axis in the stored array's own order
+        if [a for a in atoms.order if owner[a] == k] != ax:
+            return None
+    units = [k for k, ax in enumerate(axes) if not ax]
+    final = shape_after(shape, ops)
+    stored = (1,) * len(units) + tuple(math.prod(atoms.size[a] for a in axes[k]) for k in runs)
+    where = {k: len(units) + j for j, k in enumerate(runs)}
+    where.update({k: j for j, k in enumerate(units)})
+    perm = tuple(where[k] for k in range(len(final)))
+    return stored, perm
+
+
+def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, tuple[int, ...]] | None:
+    """How a kernel reads a region input of `shape` whose interface steps are `ops` in place:
+    (the steps XLA still applies, ending in a free reshape; the permutation the kernel reads
+    through), or None where the layout steps that end `ops` are no view or no transpose, or
+    the stored array's contiguous axis would not be one of the tile's two (loads would not
+    coalesce)."""
+    j = len(ops)
+    while j and ops[j - 1][0] in LAYOUT_STEPS:
+        j -= 1
+    prefix, suffix = tuple(ops[:j]), tuple(ops[j:])
+    got = view(shape_after(shape, prefix), suffix)
+    if got is None:
+        return None
+    stored, perm = got
+    rank = len(perm)
+    if perm == tuple(range(rank)) or rank < 2 or rank - 1 not in perm[-2:]:
+        return None
+    return (*prefix, ("reshape", stored)), perm
+
+
+def free_reshape(shape: Sequence[int], ops: Ops) -> Ops | None:
+    """`ops` with the layout steps that end them made one reshape, where those steps move no
+    data (transposes of unit axes around reshapes, Gemma's Q at batch 1); else None."""
+    j = len(ops)
+    while j and ops[j - 1][0] in LAYOUT_STEPS:
+        j -= 1
+    prefix, suffix = tuple(ops[:j]), tuple(ops[j:])
+    if not any(op == "transpose" for op, _ in suffix):
+        return None
+    start = shape_after(shape, prefix)
+    got = view(start, suffix)
+    if got is None or got[1] != tuple(range(len(got[1]))):
+        return None
+    return (*prefix, ("reshape", shape_after(start, suffix)))
+
+
+def output_view(
+    shape: Sequence[int], out_ops: Ops, after: Ops
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """How a kernel writes a canonical output of `shape` so that what follows it moves no data:
+    the region's output is the canonical one with `out_ops` applied, and the program then
+    applies `after` (layout steps only: transposes, then reshapes, as attention's
+    (B, heads, T, D) -> (B, T, heads * D)). Returns (perm, (stored shape, transpose)): the kernel
+    writes the array whose `transpose(perm)` is the canonical output, and the region's output
+    is that array reshaped (free) and transposed once, a transpose XLA folds into the one of
+    `after`. None where that is not so, or the stores would not coalesce."""
+    kinds = [op for op, _ in after]
+    n = len(kinds) - kinds.index("reshape") if "reshape" in kinds else 0
+    if not kinds or kinds[0] != "transpose" or set(kinds[: len(kinds) - n]) != {"transpose"}:
+        return None
+    if any(k != "reshape" for k in kinds[len(kinds) - n :]):
+        return None
+    got = _layout(shape, (*out_ops, *after))
+    if got is None:
+        return None
+    atoms, axes = got
+    rank = len(shape)
+    if any(a >= rank for a in atoms.size):
+        return None  # a canonical axis is split: not one permutation of it
+    units = [k for k, d in enumerate(shape) if d == 1]
+    order = units + [a for ax in axes for a in ax]
+    if order == list(range(rank)) or (shape[-1] != 1 and order[-1] != rank - 1):
+        return None
+    perm = tuple(order.index(k) for k in range(rank))
+    stored = tuple(int(shape[a]) for a in order)
+    back = view(stored, (("transpose", perm), *out_ops))
+    return None if back is None else (perm, back)
+
+
+def layout_after(program: Any, node: int) -> Ops:
+    """The layout steps `program` applies to `node`'s value alone (its only user, and so on),
+    up to a value the program returns or shares."""
+    ops: list[tuple[str, tuple]] = []
+    users, outputs = program.users, set(program.outputs)
+    while node not in outputs and len(users[node]) == 1:
+        nxt = users[node][0]
+        n = program.nodes[nxt]
+        if n.op == "reshape":
+            ops.append(("reshape", tuple(n.shape)))
+        elif n.op == "transpose":
+            ops.append(("transpose", tuple(n.param("permutation"))))
+        else:
+            break
+        node = nxt
+    return tuple(ops)

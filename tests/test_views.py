@@ -1,0 +1,139 @@
+"""`lax_ir.views`: interface layout steps a kernel reads through in place are exactly one free
+reshape and one transpose of the stored array; anything else is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lax_ir.layouts import apply_ops
+from lax_ir.views import free_reshape, input_view, output_view, shape_after, view
+
+GEMMA_K = (("transpose", (0, 2, 1, 3)), ("reshape", (2, 512, 128)), ("transpose", (0, 2, 1)))
+
+
+def _same(shape, ops, got) -> None:
+    x = np.arange(int(np.prod(shape))).reshape(shape)
+    stored, perm = got
+    np.testing.assert_array_equal(x.reshape(stored).transpose(perm), apply_ops(x, ops))
+
+
+def test_a_cache_with_a_unit_batch_is_read_in_place_through_its_reshape():
+    """Gemma's K at batch 1: the transpose moves the unit batch only, so the chain is one
+    reshape and one transpose; at batch 8 it merges batch and heads, which is a copy."""
+    got = view((1, 512, 2, 128), GEMMA_K)
+    assert got == ((512, 2, 128), (1, 2, 0))
+    _same((1, 512, 2, 128), GEMMA_K, got)
+    steps, perm = input_view((1, 512, 2, 128), GEMMA_K)
+    assert steps == (("reshape", (512, 2, 128)),) and perm == (1, 2, 0)
+    batched = (("transpose", (0, 2, 1, 3)), ("reshape", (16, 512, 128)), ("transpose", (0, 2, 1)))
+    assert view((8, 512, 2, 128), batched) is None
+
+
+def test_a_view_that_would_not_coalesce_or_moves_nothing_is_not_read_in_place():
+    # the stored contiguous axis (D) would be the outermost of the canonical array
+    assert input_view((4, 8, 16), (("transpose", (2, 0, 1)),)) is None
+    # transposes of unit axes only: no view, but one free reshape for any backend
+    ops = (("transpose", (0, 2, 4, 1, 3)), ("reshape", (2, 128, 4)), ("transpose", (0, 2, 1)))
+    assert input_view((1, 1, 2, 4, 128), ops) is None
+    assert free_reshape((1, 1, 2, 4, 128), ops) == (("reshape", (2, 4, 128)),)
+
+
+def test_steps_before_the_layout_steps_stay_with_xla():
+    ops = (("scale", 0.5), ("reshape", (4, 2, 8)), ("transpose", (1, 0, 2)))
+    steps, perm = input_view((4, 16), ops)
+    assert steps == (("scale", 0.5), ("reshape", (4, 2, 8))) and perm == (1, 0, 2)
+
+
+@st.composite
+def _chains(draw):
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4)))
+    cur, ops = shape, []
+    for _ in range(draw(st.integers(1, 4))):
+        if draw(st.booleans()):
+            perm = tuple(draw(st.permutations(range(len(cur)))))
+            ops.append(("transpose", perm))
+            cur = tuple(cur[p] for p in perm)
+        else:
+            total, dims = int(np.prod(cur)), []
+            while total > 1:
+                d = draw(st.sampled_from([d for d in (2, 3, 4, 6) if total % d == 0]))
+                dims.append(d)
+                total //= d
+            if draw(st.booleans()):
+                dims.insert(draw(st.integers(0, len(dims))), 1)
+            cur = tuple(dims) or (1,)
+            ops.append(("reshape", cur))
+    return shape, tuple(ops)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_chains())
+def test_every_view_found_computes_the_same_array(chain):
+    shape, ops = chain
+    got = view(shape, ops)
+    if got is not None:
+        _same(shape, ops, got)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 3, 4]), min_size=1, max_size=5), st.data())
+def test_chains_of_transposes_alone_are_always_views(shape, data):
+    shape = tuple(shape)
+    n = data.draw(st.integers(1, 3))
+    ops = tuple(
+        ("transpose", tuple(data.draw(st.permutations(range(len(shape)))))) for _ in range(n)
+    )
+    got = view(shape, ops)
+    assert got is not None
+    _same(shape, ops, got)
+
+
+GPT2_OUT = (("transpose", (0, 2, 1)), ("reshape", (1, 16, 64, 512)))
+GPT2_AFTER = (("transpose", (0, 3, 1, 2)), ("reshape", (1, 512, 1024)))
+
+
+def _written(shape, out_ops, after, got) -> None:
+    """The kernel's array is the output permuted; the region's output is it reshaped and
+    transposed once; what the program makes of it is it reshaped."""
+    perm, (stored, once) = got
+    c = np.arange(int(np.prod(shape))).reshape(shape)
+    written = np.transpose(c, np.argsort(perm))
+    np.testing.assert_array_equal(written.transpose(perm), c)
+    region = apply_ops(c, out_ops)
+    np.testing.assert_array_equal(written.reshape(stored).transpose(once), region)
+    final = apply_ops(region, after)
+    np.testing.assert_array_equal(written.reshape(final.shape), final)
+
+
+def test_attention_output_is_written_in_the_layout_the_program_wants():
+    """GPT-2's (heads, T, D) attention output, which the program relays to (1, T, heads * D):
+    written (T, heads, D), after which no data moves."""
+    got = output_view((16, 512, 64), GPT2_OUT, GPT2_AFTER)
+    assert got is not None and got[0] == (1, 0, 2)
+    _written((16, 512, 64), GPT2_OUT, GPT2_AFTER, got)
+
+
+def test_outputs_that_gain_nothing_or_would_not_coalesce_are_left_alone():
+    assert output_view((16, 512, 64), GPT2_OUT, ()) is None  # nothing follows
+    assert output_view((16, 512, 64), (), (("reshape", (16, 512 * 64)),)) is None
+    # the program wants D outermost: stores along D would not coalesce
+    assert output_view((16, 512, 64), (), (("transpose", (2, 0, 1)),)) is None
+    # a reshape before the transpose: XLA would not fold the transposes together
+    after = (("reshape", (1, 16, 512, 64)), ("transpose", (0, 2, 1, 3)))
+    assert output_view((16, 512, 64), (), after) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(_chains(), st.data())
+def test_every_output_view_found_is_the_same_arrays(chain, data):
+    shape, out_ops = chain
+    cur = shape_after(shape, out_ops)
+    perm = tuple(data.draw(st.permutations(range(len(cur)))))
+    after = (("transpose", perm),)
+    if data.draw(st.booleans()):
+        after += (("reshape", (int(np.prod(cur)),)),)
+    got = output_view(shape, out_ops, after)
+    if got is not None:
+        _written(shape, out_ops, after, got)
