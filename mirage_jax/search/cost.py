@@ -56,7 +56,7 @@ class Device:
     max_resident: int = 8  # blocks per SM
     unpipelined: float = 0.6  # bandwidth a block gets when it cannot overlap loads (no loop)
     oversize: float = 0.35  # ... and when its tiles cannot be double-buffered at all
-    loop_tile_bytes: int = 64 * 1024  # per-iteration tiles above this pipeline less well
+    loop_tile_bytes: int = 32 * 1024  # per-iteration tiles above this pipeline less well
     sfu_rate: float = 3.7e12  # transcendental ops/s (MUFU: 16 a clock per SM, 132 SMs, 1.75 GHz)
     line_bytes: int = 32  # a tile row narrower than this (a sector) wastes the rest ...
     line_share: float = 0.75  # ... to this power (calibrated: `_row_waste`)
