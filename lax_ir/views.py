@@ -178,11 +178,9 @@ def output_view(
     is that array reshaped (free) and transposed once, a transpose XLA folds into the one of
     `after`. None where that is not so, or the stores would not coalesce."""
     kinds = [op for op, _ in after]
-    n = len(kinds) - kinds.index("reshape") if "reshape" in kinds else 0
-    if not kinds or kinds[0] != "transpose" or set(kinds[: len(kinds) - n]) != {"transpose"}:
-        return None
-    if any(k != "reshape" for k in kinds[len(kinds) - n :]):
-        return None
+    first = kinds.index("reshape") if "reshape" in kinds else len(kinds)
+    if first == 0 or set(kinds[:first]) != {"transpose"} or set(kinds[first:]) - {"reshape"}:
+        return None  # not transposes then reshapes: XLA would not fold the transposes
     got = _layout(shape, (*out_ops, *after))
     if got is None:
         return None
