@@ -17,7 +17,7 @@ is not.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 Ops = tuple[tuple[str, tuple], ...]
@@ -198,13 +198,16 @@ def output_view(
     return None if back is None else (perm, back)
 
 
-def layout_after(program: Any, node: int) -> Ops:
+def layout_after(program: Any, node: int, xla: Collection[int] | None = None) -> Ops:
     """The layout steps `program` applies to `node`'s value alone (its only user, and so on),
-    up to a value the program returns or shares."""
+    up to a value the program returns or shares; with `xla`, only through steps XLA runs
+    (a partition's residual nodes: a step inside another region is that region's to read)."""
     ops: list[tuple[str, tuple]] = []
     users, outputs = program.users, set(program.outputs)
     while node not in outputs and len(users[node]) == 1:
         nxt = users[node][0]
+        if xla is not None and nxt not in xla:
+            break
         n = program.nodes[nxt]
         if n.op == "reshape":
             ops.append(("reshape", tuple(n.shape)))

@@ -400,7 +400,9 @@ class MirageJit:
                 region, "not in the cache (search='cached')"
             )
             if decision.status == "kernel":
-                after = [layout_after(part.program, o) for o in region.outputs]
+                inside = {i for r in part.regions for i in r.nodes}
+                xla = set(range(len(part.program.nodes))) - inside
+                after = [layout_after(part.program, o, xla) for o in region.outputs]
                 impl = region_kernel(
                     decision, region, backend, self.opts.lower_config, self.opts.strict, after
                 )

@@ -137,3 +137,26 @@ def test_every_output_view_found_is_the_same_arrays(chain, data):
     got = output_view(shape, out_ops, after)
     if got is not None:
         _written(shape, out_ops, after, got)
+
+
+def test_the_steps_after_an_attention_output_stop_at_the_next_region():
+    """GPT-2's attention output: the transpose and reshape XLA runs after it count; the
+    projection region's own reshape does not (that region reads the value, XLA does not)."""
+    import lax_ir
+    from experiments import models as M
+    from lax_ir.views import layout_after
+
+    m = M.get("gpt2_prefill", 1, "tiny")
+    part = lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
+    inside = {i for r in part.regions for i in r.nodes}
+    xla = set(range(len(part.program.nodes))) - inside
+    (region,) = [r for r in part.regions if "exp" in r.program.op_counts()]
+    (out,) = region.outputs
+    after = layout_after(part.program, out, xla)
+    assert [op for op, _ in after] == ["transpose", "reshape"], after
+    assert len(layout_after(part.program, out)) > len(after)
+    k = 0
+    got = output_view(
+        region.program.output_avals[k][0], region.program.meta["interface"]["outputs"][k], after
+    )
+    assert got is not None and got[0] == (1, 0, 2)
