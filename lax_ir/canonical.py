@@ -14,7 +14,7 @@ becomes a multiplication by its reciprocal (exact for a power of two such as att
 verifier proves the µGraph equal to this form, and the float check compares the kernel with
 the region as written). Inputs and outputs take the
 squeezed shapes too; `meta["interface"]` (see `lax_ir.layouts`) says how the region's own
-values map to them, and `layouts.adapt` wraps a function of the squeezed Program (its kernel)
+values map to them, and `interface.adapt` wraps a function of the squeezed Program (its kernel)
 to take and return the region's values (reshapes: bitcasts in XLA). A Program the rewrite does
 not cover is returned unchanged.
 """
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lax_ir.layouts import compose, is_bitcast
+from lax_ir.interface import compose
+from lax_ir.layouts import is_bitcast
 from lax_ir.ops import ELEMENTWISE, broadcast_shapes, matmul_shape
 from lax_ir.program import Const, Node, Program, make_params
 

@@ -22,128 +22,22 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   over rows), is `(x Wᵀ)ᵀ`; the result's transpose then moves past unit-inserting reshapes and
   elementwise ops (an input operand transposed back at the interface) to the outputs.
 
-The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...),
-"shapes": (the region's own input shapes, by position)}`,
-ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("broadcast", shape) (size-1
-axes widened) / ("scale", c) steps: canonical input k is the
-region's input `position` with `ops` applied; the region's output j is canonical output j with
-`ops` applied.
+The interface they build is described in `lax_ir.interface`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
+from lax_ir.interface import identity_interface, merged
 from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Node, Program, make_params
 
-Ops = tuple[tuple[str, tuple[int, ...]], ...]
 MAX_STEPS = 64
-
-
-def identity_interface(program: Program) -> dict[str, Any]:
-    """The interface of a Program that is its region's own (no layout steps)."""
-    return {
-        "inputs": tuple((k, ()) for k in range(len(program.inputs))),
-        "outputs": tuple(() for _ in program.outputs),
-        "shapes": tuple(tuple(s) for s, _ in program.input_avals),
-    }
-
-
-def compose(first: dict[str, Any] | None, then: dict[str, Any]) -> dict[str, Any]:
-    """The interface of a rewrite (`then`) of a Program whose own interface is `first`."""
-    if first is None:
-        return then
-    return {
-        "inputs": tuple(
-            (first["inputs"][pos][0], merged((*first["inputs"][pos][1], *ops)))
-            for pos, ops in then["inputs"]
-        ),
-        "outputs": tuple((*o2, *o1) for o2, o1 in zip(then["outputs"], first["outputs"])),
-        "shapes": first.get("shapes"),
-    }
-
-
-def merged(ops: Ops) -> Ops:
-    """`ops` with each run of consecutive reshapes made one (the last of them)."""
-    out: list = []
-    for op in ops:
-        if op[0] == "reshape" and out and out[-1][0] == "reshape":
-            out.pop()
-        out.append(op)
-    return tuple(out)
-
-
-def apply_ops(x: Any, ops: Ops) -> Any:
-    """Apply interface steps to an array (numpy or jax)."""
-    for op, arg in ops:
-        if op == "reshape":
-            x = x.reshape(arg)
-        elif op == "transpose":
-            x = x.transpose(arg)
-        elif op == "broadcast":  # size-1 axes widened (equal ranks)
-            x = np.broadcast_to(x, arg) if isinstance(x, np.ndarray) else jnp.broadcast_to(x, arg)
-        else:  # ("scale", c): the input times a constant, in its own dtype
-            x = x * np.asarray(arg, dtype=x.dtype)
-    return x
-
-
-Views = dict[int, tuple[int, ...]]
-"""Inputs a kernel reads in the layout they are stored in: position -> permutation, the
-canonical input being `stored.transpose(permutation)`."""
-
-
-def trailing_transpose(ops: Ops) -> tuple[int, tuple[int, ...]] | None:
-    """(steps, permutation) of the run of transposes that ends an input's interface steps,
-    composed into one (None if they do not end in a transpose)."""
-    perm: tuple[int, ...] | None = None
-    n = 0
-    for op, arg in reversed(ops):
-        if op != "transpose":
-            break
-        p = tuple(arg)
-        perm = p if perm is None else tuple(p[q] for q in perm)
-        n += 1
-    return None if perm is None else (n, perm)
-
-
-def stored_shape(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, ...]:
-    """The shape of the stored array whose `transpose(perm)` has `shape`."""
-    out = [0] * len(shape)
-    for j, q in enumerate(perm):
-        out[q] = shape[j]
-    return tuple(out)
-
-
-def adapt(
-    fn: Callable[..., Any],
-    program: Program,
-    stored: Mapping[int, Ops] | None = None,
-    written: Mapping[int, Ops] | None = None,
-) -> Callable[..., Any]:
-    """`fn` (a function of `program`'s inputs) taking and returning the region's own values;
-    canonical inputs k in `stored` reach `fn` with the steps `stored[k]` applied instead of
-    their interface steps (a view the kernel reads through: `lax_ir.views.input_view`), and
-    outputs k in `written` leave `fn` laid out otherwise, made the region's by `written[k]`
-    (`lax_ir.views.output_view`)."""
-    interface = program.meta.get("interface")
-    if interface is None:
-        return fn
-    stored, written = stored or {}, written or {}
-    ins, outs = interface["inputs"], interface["outputs"]
-    cut = [(pos, stored.get(k, ops)) for k, (pos, ops) in enumerate(ins)]
-    outs = [written.get(k, ops) for k, ops in enumerate(outs)]
-
-    def adapted(*xs: Any) -> list[Any]:
-        got = fn(*[apply_ops(xs[pos], ops) for pos, ops in cut])
-        return [apply_ops(y, ops) for y, ops in zip(got, outs)]
-
-    return adapted
 
 
 def _step(n: Node) -> tuple[str, tuple[int, ...]]:

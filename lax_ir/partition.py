@@ -17,8 +17,9 @@ import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
 from lax_ir.canonical import flatten_rows, squeeze_leading
+from lax_ir.interface import adapt
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
-from lax_ir.layouts import adapt, hoist_layouts
+from lax_ir.layouts import hoist_layouts
 from lax_ir.ops import OPS
 from lax_ir.pieces import array_constants, constant_like, demotions, gemm_cuts, piece_labels
 from lax_ir.program import Node, Program, make_params

@@ -20,7 +20,8 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-Ops = tuple[tuple[str, tuple], ...]
+from lax_ir.interface import Ops
+
 LAYOUT_STEPS = ("reshape", "transpose")
 
 

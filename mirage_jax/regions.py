@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 import lax_ir
-from lax_ir.layouts import Ops, Views, adapt, stored_shape, trailing_transpose
+from lax_ir.interface import Ops, Views, adapt, stored_shape, trailing_transpose
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends

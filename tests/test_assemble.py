@@ -8,7 +8,7 @@ import pytest
 
 import lax_ir
 from experiments import models as M
-from lax_ir.layouts import adapt
+from lax_ir.interface import adapt
 from mirage_jax.assemble import assemble
 
 

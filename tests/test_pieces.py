@@ -11,8 +11,8 @@ import pytest
 import lax_ir
 from experiments import models as M
 from lax_ir.canonical import squeeze_leading
+from lax_ir.interface import adapt
 from lax_ir.interpret import evaluate
-from lax_ir.layouts import adapt
 from lax_ir.partition import _subprogram
 from mirage_jax.search import Budget, search
 from mirage_jax.search.diagnose import blockers

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lax_ir.layouts import apply_ops
+from lax_ir.interface import apply_ops
 from lax_ir.views import free_reshape, input_view, output_view, shape_after, view
 
 GEMMA_K = (("transpose", (0, 2, 1, 3)), ("reshape", (2, 512, 128)), ("transpose", (0, 2, 1)))

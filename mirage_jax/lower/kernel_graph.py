@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lax_ir import FloatAlgebra
-from lax_ir.layouts import Views, stored_shape, swap_perm
+from lax_ir.interface import Views, stored_shape
+from lax_ir.layouts import swap_perm
 from mirage_jax.lower import backends
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
 from mirage_jax.lower.registry import LoweringError

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from lax_ir.layouts import stored_shape
+from lax_ir.interface import stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
