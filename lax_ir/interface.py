@@ -45,7 +45,7 @@ def compose(first: dict[str, Any] | None, then: dict[str, Any]) -> dict[str, Any
             for pos, ops in then["inputs"]
         ),
         "outputs": tuple((*o2, *o1) for o2, o1 in zip(then["outputs"], first["outputs"])),
-        "shapes": first.get("shapes"),
+        "shapes": first["shapes"],
     }
 
 
@@ -78,18 +78,12 @@ Views = dict[int, tuple[int, ...]]
 canonical input being `stored.transpose(permutation)`."""
 
 
-def trailing_transpose(ops: Ops) -> tuple[int, tuple[int, ...]] | None:
-    """(steps, permutation) of the run of transposes that ends an input's interface steps,
-    composed into one (None if they do not end in a transpose)."""
-    perm: tuple[int, ...] | None = None
-    n = 0
-    for op, arg in reversed(ops):
-        if op != "transpose":
-            break
-        p = tuple(arg)
-        perm = p if perm is None else tuple(p[q] for q in perm)
-        n += 1
-    return None if perm is None else (n, perm)
+def inverse(perm: Sequence[int]) -> tuple[int, ...]:
+    """The permutation that undoes `perm` (`x.transpose(perm).transpose(inverse(perm)) == x`)."""
+    out = [0] * len(perm)
+    for j, q in enumerate(perm):
+        out[q] = j
+    return tuple(out)
 
 
 def stored_shape(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, ...]:

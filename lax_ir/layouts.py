@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from lax_ir.interface import identity_interface, merged
+from lax_ir.interface import identity_interface, inverse, merged
 from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Node, Program, make_params
 
@@ -93,7 +93,7 @@ class _Graph:
         iface = program.meta.get("interface") or identity_interface(program)
         self.in_ops = {i: iface["inputs"][k] for k, i in enumerate(self.inputs)}
         self.out_ops = list(iface["outputs"])
-        self.shapes = iface.get("shapes")
+        self.shapes = iface["shapes"]
         self.name = program.meta.get("name", "region")
 
     def live(self) -> list[int]:
@@ -389,8 +389,7 @@ def _sink_transpose_rule(g: _Graph) -> bool:
         if all(g.nodes[g.nodes[a].args[0]].op == "input" for a in moved):
             continue
         (perm,) = perms
-        inverse = tuple(int(k) for k in np.argsort(perm))
-        inner_shape = tuple(n.shape[k] for k in inverse)
+        inner_shape = tuple(n.shape[k] for k in inverse(perm))
         args = []
         for a in n.args:
             if a in moved:

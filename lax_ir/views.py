@@ -20,7 +20,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from lax_ir.interface import Ops
+from lax_ir.interface import Ops, inverse
 
 LAYOUT_STEPS = ("reshape", "transpose")
 
@@ -132,16 +132,21 @@ def view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], tuple[int, ..
     return stored, perm
 
 
+def _layout_tail(ops: Ops) -> tuple[Ops, Ops]:
+    """`ops` split before the reshapes and transposes that end them."""
+    j = len(ops)
+    while j and ops[j - 1][0] in LAYOUT_STEPS:
+        j -= 1
+    return tuple(ops[:j]), tuple(ops[j:])
+
+
 def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, tuple[int, ...]] | None:
     """How a kernel reads a region input of `shape` whose interface steps are `ops` in place:
     (the steps XLA still applies, ending in a free reshape; the permutation the kernel reads
     through), or None where the layout steps that end `ops` are no view or no transpose, or
     the stored array's contiguous axis would not be one of the tile's two (loads would not
     coalesce)."""
-    j = len(ops)
-    while j and ops[j - 1][0] in LAYOUT_STEPS:
-        j -= 1
-    prefix, suffix = tuple(ops[:j]), tuple(ops[j:])
+    prefix, suffix = _layout_tail(ops)
     got = view(shape_after(shape, prefix), suffix)
     if got is None:
         return None
@@ -155,10 +160,7 @@ def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, tuple[int, ...]] | 
 def free_reshape(shape: Sequence[int], ops: Ops) -> Ops | None:
     """`ops` with the layout steps that end them made one reshape, where those steps move no
     data (transposes of unit axes around reshapes, Gemma's Q at batch 1); else None."""
-    j = len(ops)
-    while j and ops[j - 1][0] in LAYOUT_STEPS:
-        j -= 1
-    prefix, suffix = tuple(ops[:j]), tuple(ops[j:])
+    prefix, suffix = _layout_tail(ops)
     if not any(op == "transpose" for op, _ in suffix):
         return None
     start = shape_after(shape, prefix)
@@ -193,7 +195,7 @@ def output_view(
     order = units + [a for ax in axes for a in ax]
     if order == list(range(rank)) or (shape[-1] != 1 and order[-1] != rank - 1):
         return None
-    perm = tuple(order.index(k) for k in range(rank))
+    perm = inverse(order)
     stored = tuple(int(shape[a]) for a in order)
     back = view(stored, (("transpose", perm), *out_ops))
     return None if back is None else (perm, back)

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
 import lax_ir
-from lax_ir.interface import Ops, Views, adapt, stored_shape, trailing_transpose
+from lax_ir.interface import Ops, Views, adapt, inverse, stored_shape
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
@@ -402,16 +401,10 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
         return Stored({}, {}, {})
     b = backends.get(backend)
     in_place = b.module is not None and getattr(b.load(), "VIEWS", False)
-    shapes = interface.get("shapes")
+    shapes = interface["shapes"]
     views: Views = {}
     steps: dict[int, Ops] = {}
     for k, (pos, ops) in enumerate(interface["inputs"]):
-        if shapes is None:  # an interface made without the region's shapes: transposes only
-            t = trailing_transpose(ops)
-            rank = len(program.input_avals[k][0])
-            if in_place and rank >= 2 and t is not None and rank - 1 in t[1][-2:]:
-                views[k], steps[k] = t[1], ops[: len(ops) - t[0]]
-            continue
         got = input_view(shapes[pos], ops) if in_place else None
         if got is not None:
             steps[k], views[k] = got
@@ -479,8 +472,7 @@ def with_xla_jvp(
         )
         ys = lax_ir.evaluate(program, *xs)
         return tuple(
-            jax.numpy.transpose(y, tuple(int(q) for q in np.argsort(outs_[k]))) if k in outs_ else y
-            for k, y in enumerate(ys)
+            jax.numpy.transpose(y, inverse(outs_[k])) if k in outs_ else y for k, y in enumerate(ys)
         )
 
     @jax.custom_jvp

@@ -369,8 +369,7 @@ def select(
         if not more.error and more.us < best[0]:
             best = (more.us, g)
     if late and best is not None and xla_us is not None and best[0] < xla_us * (1.0 - tie):
-        found = _verify_fastest(contenders, program, verify_trials, seed, phase, xla_us * (1 - tie))
-        best = found[0] if found is not None else None
+        best = _verify_fastest(contenders, program, verify_trials, seed, phase, xla_us * (1 - tie))
     _log(program, contenders)
     if best is None:
         first = next((f" (first failure: {c.error})" for c in contenders[1:]), "")
@@ -436,11 +435,11 @@ def _verify_fastest(
     seed: int,
     phase: Callable,
     faster_than: float,
-) -> tuple[tuple[float, MuGraph], tuple[Contender, Any]] | None:
+) -> tuple[float, MuGraph] | None:
     """Verify the timed µGraphs faster than `faster_than` µs at full size, fastest first,
     until one is equal (a large region: one verification instead of one per candidate); those
     found unequal, or too large for the memory, get the reason as their error in
-    `contenders`. Returns `select`'s (best, best_of) for the one found, or None."""
+    `contenders`, the one found its verdict. Returns its (µs, µGraph), or None."""
     timed = sorted(
         (
             k
@@ -461,7 +460,7 @@ def _verify_fastest(
             contenders[k] = dataclasses.replace(c, error="outputs matched in another order")
             continue
         contenders[k] = dataclasses.replace(c, verdict=verdict)
-        return (c.us, c.mugraph), (contenders[k], order)
+        return c.us, c.mugraph
     return None
 
 

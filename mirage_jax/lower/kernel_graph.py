@@ -16,10 +16,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lax_ir import FloatAlgebra
-from lax_ir.interface import Views, stored_shape
+from lax_ir.interface import Views, inverse, stored_shape
 from lax_ir.layouts import swap_perm
 from mirage_jax.lower import backends
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
@@ -201,7 +200,7 @@ def lower(
         return tuple(
             env[r]
             if pos not in out_views or r[1] in written.get(r[0], {})
-            else jnp.transpose(env[r], tuple(int(q) for q in np.argsort(out_views[pos])))
+            else jnp.transpose(env[r], inverse(out_views[pos]))
             for pos, r in enumerate(outputs)
         )
 
