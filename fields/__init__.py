@@ -17,6 +17,7 @@ from fields.numbers import to_residues as to_residues
 from fields.verify import Verdict as Verdict
 from fields.verify import evaluate as evaluate
 from fields.verify import random_inputs as random_inputs
+from fields.verify import remember as remember
 from fields.verify import run_trial as run_trial
 from fields.verify import trial_bound as trial_bound
 from fields.verify import verify as verify

@@ -173,6 +173,9 @@ class Verdict:
         per_trial_bound: ε, the bound for one trial.
         degrees: the degree reports of `a` and `b` the bound was computed from.
         reason: why the pair was rejected ("" when accepted).
+        instance: "" where the trials ran on `a` and `b` themselves; else the smaller instance
+            of both they ran on, which the caller proved equivalent to them (e.g.
+            `mirage_jax.search.reduced`: "reduced: d0 8→2, d1 16→2").
     """
 
     equal: bool
@@ -188,6 +191,7 @@ class Verdict:
     per_trial_bound: float
     degrees: tuple[DegreeReport, DegreeReport]
     reason: str = ""
+    instance: str = ""
 
     def __bool__(self) -> bool:
         return self.equal
@@ -345,6 +349,23 @@ def verify(
         v = _verify(a, b, trials, seed, field, target_bound, max_void_trials, outcomes)
     _keep(key, v)
     return v
+
+
+def remember(
+    a: Any,
+    b: Any,
+    v: Verdict,
+    *,
+    trials: int | None = None,
+    seed: int = 0,
+    target_bound: float = TARGET_BOUND,
+    max_void_trials: int = MAX_VOID_TRIALS,
+) -> None:
+    """Answer `verify(a, b, …)` with `v` from now on in this process: the verdict of a smaller
+    instance of the pair that its caller proved decides it (`v.instance` names it)."""
+    if not v.instance:
+        raise ValueError("remember() takes the verdict of another instance (its `instance` set)")
+    _keep(_memo_key(a, b, trials, seed, None, target_bound, max_void_trials), v)
 
 
 def _keep(key: tuple | None, v: Verdict) -> None:

@@ -6,13 +6,17 @@ picks the µGraphs the search returns and verifies at full size the ones `select
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from mirage_jax.mugraph import MuGraph
+from mirage_jax.search import dims as dims_mod
 from mirage_jax.search.order import return_order, timing_order
+from mirage_jax.search.reduced import reduced_instance
+from mirage_jax.search.structure import Numbers, Structure
 from mirage_jax.search.tasks import Problem, call_keyed
 from mirage_jax.search.workers import problem_blob
 
@@ -29,42 +33,81 @@ def call(raw: Any, problem: Problem, fn: Callable[..., Any], args: list[tuple]) 
     return list(raw.map(functools.partial(call_keyed, key, blob, fn), *zip(*args)))
 
 
-def trial_full(problem: Problem, g: MuGraph, attempt: int) -> Any:
-    """One attempt of the full-size verification of `g` against the region (a pool job)."""
+def trial_full(problem: Problem, g: MuGraph, sizes: dict | None, attempt: int) -> Any:
+    """One attempt of the full-size verification of `g` against the region (a pool job), or,
+    with `sizes`, against the region shrunk to them (`reduced`: `g` is the reduced candidate)."""
     import fields
 
-    return fields.run_trial(g, problem.program, problem.seed, attempt)
+    program = problem.program
+    if sizes is not None:
+        program = dims_mod.shrink(program, sizes, problem.dims)
+    return fields.run_trial(g, program, problem.seed, attempt)
 
 
-def verify_full(raw: Any, problem: Problem, graphs: list[MuGraph], trials: int | None) -> list:
+Recipes = Mapping[str, tuple[Structure, Numbers]]
+"""µGraph hash -> the structure and numbers it was instantiated from (the search's own)."""
+
+
+def check_pair(problem: Problem, g: MuGraph, recipes: Recipes | None) -> tuple:
+    """What verifies `g` at full size: (µGraph, program, reduced sizes or None, `Reduced` or
+    None); the reduced instance (`reduced`) where `g` has a recipe that allows one."""
+    recipe = (recipes or {}).get(g.canonical_hash)
+    r = reduced_instance(problem.program, problem.dims, *recipe) if recipe else None
+    if r is None:
+        return g, problem.program, None, None
+    small = {c: b for c, (_, b) in r.sizes.items()}
+    return r.mugraph, r.program, small, r
+
+
+def verify_full(
+    raw: Any,
+    problem: Problem,
+    graphs: list[MuGraph],
+    trials: int | None,
+    recipes: Recipes | None = None,
+) -> list:
     """`fields.verify` of each of `graphs` against the region at full size, with every planned
     trial of every graph a job of its own in the pool `raw` (8 jobs for 4 graphs of 2 trials:
-    twice the parallelism of a job per graph). The verdicts are the ones `fields.verify` gives
-    alone, and they enter this process's memo. The trials run in waves that fit in the
+    twice the parallelism of a job per graph). A graph with a recipe is verified on its
+    reduced instance where it has one (`reduced`: GPT-2 prefill at b=8, 32 times fewer
+    elements), and that verdict answers the full-size question in this process's memo
+    (`fields.remember`), where `select` asks it. The trials run in waves that fit in the
     machine's memory together (`fields.memory`: at GPT-2 XL size, batch 8, 17 GB a trial)."""
     import fields
     from fields import memory
 
-    program = problem.program
+    pairs = [check_pair(problem, g, recipes) for g in graphs]
     jobs = [
-        (g, attempt) for g in graphs for attempt in range(fields.verify_plan(g, program, trials))
+        (k, attempt)
+        for k, (a, b, _, _) in enumerate(pairs)
+        for attempt in range(fields.verify_plan(a, b, trials))
     ]
-    wave = max(1, memory.room() // max(1, memory.trial_bytes(program, program)))
+    need = max((memory.trial_bytes(b, b) for _, b, _, _ in pairs), default=1)
+    wave = max(1, memory.room() // max(1, need))
+    args = [(pairs[k][0], pairs[k][2], attempt) for k, attempt in jobs]
     done = []
     for start in range(0, len(jobs), wave):  # as many trials at once as the memory holds
-        done += call(raw, problem, trial_full, jobs[start : start + wave])
-    outcomes: dict[str, dict[int, Any]] = {}
-    for (g, attempt), got in zip(jobs, done):
-        outcomes.setdefault(g.canonical_hash, {})[attempt] = got
-    return [
-        fields.verify(g, program, trials=trials, seed=problem.seed,
-                      outcomes=outcomes.get(g.canonical_hash, {}))
-        for g in graphs
-    ]  # fmt: skip
+        done += call(raw, problem, trial_full, args[start : start + wave])
+    outcomes: dict[int, dict[int, Any]] = {}
+    for (k, attempt), got in zip(jobs, done):
+        outcomes.setdefault(k, {})[attempt] = got
+    verdicts = []
+    for k, (g, (a, b, _, r)) in enumerate(zip(graphs, pairs)):
+        v = fields.verify(a, b, trials=trials, seed=problem.seed, outcomes=outcomes.get(k, {}))
+        if r is not None:
+            v = dataclasses.replace(v, instance="reduced: " + r.describe())
+            fields.remember(g, problem.program, v, trials=trials, seed=problem.seed)
+        verdicts.append(v)
+    return verdicts
 
 
 def confirm(
-    problem: Problem, instances, budget: Budget, deadline: float = float("inf"), raw: Any = None
+    problem: Problem,
+    instances,
+    budget: Budget,
+    deadline: float = float("inf"),
+    raw: Any = None,
+    recipes: Recipes | None = None,
 ) -> tuple[list[MuGraph], int]:
     """Pick `budget.results` instances (the best of every structure first, then the next
     cheapest), order them as returned (`return_order`), verify at full size the first
@@ -77,7 +120,8 @@ def confirm(
     `select` verifies whatever it times at full size again. The verdicts are kept in this
     process's memo (`fields.verify`'s), where `select` asks the same questions. A region whose
     trial is large (`fields.memory.LARGE_TRIAL`) or does not fit the machine's memory is not
-    verified at full size here: `select` times its µGraphs first and verifies the fastest."""
+    verified at full size here, unless its reduced instance (`recipes`, `reduced`) is small
+    enough: `select` times its µGraphs first and verifies the fastest."""
     firsts: dict[str, int] = {}
     for i, (_, _, _, key) in enumerate(instances):
         firsts.setdefault(key, i)
@@ -91,21 +135,33 @@ def confirm(
     bad_keys: set[str] = set()
     from fields import memory
 
-    need = memory.trial_bytes(problem.program, problem.program)
-    fits = need <= min(memory.room(), memory.LARGE_TRIAL)
+    room = min(memory.room(), memory.LARGE_TRIAL)
+    sizes: dict[int, int] = {}  # index -> bytes of one trial of what verifies it
+
+    def fits(i: int) -> bool:  # else `select` verifies it if it is the fastest it times
+        if i not in sizes:
+            b = check_pair(problem, instances[i][2], recipes)[1]
+            sizes[i] = memory.trial_bytes(b, b)
+        return sizes[i] <= room
+
+    skipped: set[int] = set()
     order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
-    while fits:  # else none is verified here: `select` verifies the fastest it times
+    while True:
         timed = timing_order([instances[i][2] for i in order], budget.confirm)
-        todo = [order[k] for k, _ in timed if order[k] not in checked]
+        todo = [order[k] for k, _ in timed if order[k] not in checked and order[k] not in skipped]
+        skipped.update(i for i in todo if not fits(i))
+        todo = [i for i in todo if i not in skipped]
         if not todo or (checked and time.monotonic() + last > deadline):
             break
         t0 = time.monotonic()
         graphs = [instances[i][2] for i in todo]
-        verdicts = verify_full(raw, problem, graphs, budget.trials)
+        verdicts = verify_full(raw, problem, graphs, budget.trials, recipes)
         last = time.monotonic() - t0
         for i, v in zip(todo, verdicts):
             if v:
                 checked[i] = dict(verified="full", bound=v.bound, trials=v.trials)
+                if v.instance:
+                    checked[i]["instance"] = v.instance
                 continue
             failed += 1
             bad_keys.add(instances[i][3])

@@ -47,7 +47,7 @@ from mirage_jax.search.confirm import call, confirm
 from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.schedule import numbers_for
-from mirage_jax.search.structure import Structure, instantiate
+from mirage_jax.search.structure import Numbers, Structure, instantiate
 from mirage_jax.search.tasks import Problem, init_worker, prepare, run_keyed, run_task, tasks_of
 from mirage_jax.search.workers import pool_for, problem_blob, shared_pool
 
@@ -264,13 +264,15 @@ def _search(
     descriptions = []
     name = lambda c: f"d{c}({problem.sizes[c]})"  # noqa: E731
     best_one = None  # the cheapest instance without pre-defined kernels (seconds)
+    recipes: dict[str, tuple[Structure, Numbers]] = {}  # µGraph hash -> how it was built
     keep = budget.numbers_per_structure
     with pool_for(workers) as raw:  # the structures in parallel (the search's shared pool)
         numbered = call(raw, problem, _instances, [(a[2], target, device, keep) for a in accepted])
     for rank, ((depth, task_index, s, key), found) in enumerate(zip(accepted, numbered)):
         desc = s.describe(name)
         descriptions.append(desc)
-        for g, c in found:
+        for g, c, nums in found:
+            recipes[g.canonical_hash] = (s, nums)
             meta = dict(g.meta)
             meta.update(
                 structure=desc, cost=c.to_dict(), depth=depth, task=task_index,
@@ -300,7 +302,7 @@ def _search(
     t0 = time.perf_counter()
     confirm_by = cut_deadline - 0.1 * budget.time_s if math.isfinite(budget.time_s) else math.inf
     with pool_for(workers) as raw:
-        kept, failed = confirm(problem, instances, budget, confirm_by, raw)
+        kept, failed = confirm(problem, instances, budget, confirm_by, raw, recipes)
     seconds["verify_full"] = time.perf_counter() - t0
     stats["confirm_failed"] = failed
     seconds["total"] = time.perf_counter() - t_all
@@ -470,7 +472,8 @@ def _merge(into: Counters, c: Counters) -> None:
 
 
 def _instances(problem: Problem, s: Structure, target: Target, device, keep: int):
-    """`keep` cheap valid full-size instances of structure `s`, of different shapes.
+    """`keep` cheap valid full-size instances of structure `s`, of different shapes, each as
+    (µGraph, cost, numbers).
 
     The cost model is rough, so the instances returned differ in what it is least sure of:
     the best instance per (blocks, per-iteration tile bytes) class, powers of two apart.
@@ -484,11 +487,11 @@ def _instances(problem: Problem, s: Structure, target: Target, device, keep: int
             continue
         c = cost_model.estimate(g, device)
         cls = (tuple(max(0, b).bit_length() for b in c.blocks), _loop_tile_class(g))
-        cand = (c.seconds, g.canonical_hash, g, c)
+        cand = (c.seconds, g.canonical_hash, g, c, nums)
         if cls not in best or cand[:2] < best[cls][:2]:
             best[cls] = cand
     scored = sorted(best.values(), key=lambda x: (x[0], x[1]))
-    return [(g, c) for _, _, g, c in scored[:keep]]
+    return [(g, c, nums) for _, _, g, c, nums in scored[:keep]]
 
 
 def _loop_tile_class(g: MuGraph) -> tuple[int, ...]:

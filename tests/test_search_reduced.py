@@ -1,0 +1,146 @@
+"""Full-size verification on a reduced instance (`mirage_jax.search.reduced`).
+
+The search verifies the candidates `select` will time on an instance with the candidate's own
+tiles and two windows along each batch-like class; that verdict answers the full-size question.
+These tests check that the classes it reduces are the ones the argument allows, that its
+verdicts agree with full-size verification, and that a wrong candidate is rejected on it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import fields
+import lax_ir
+from experiments import benchmarks
+from mirage_jax.search import Budget, search
+from mirage_jax.search import confirm as confirm_mod
+from mirage_jax.search import dims as dims_mod
+from mirage_jax.search.reduced import batch_tiles, reduced_instance
+
+_CACHE: dict = {}
+
+
+def _program(fn) -> lax_ir.Program:
+    bm = benchmarks.get("gqa_stable", 1)
+    return lax_ir.partition(lax_ir.capture(fn, *bm.inputs)).regions[0].program
+
+
+def _searched():
+    """gqa_stable at full size (b=1), searched once, with the recipes `confirm` was given."""
+    if not _CACHE:
+        program = _program(benchmarks.gqa_stable)
+        seen: dict = {}
+        verify_full = confirm_mod.verify_full
+
+        def spy(raw, problem, graphs, trials, recipes=None):
+            seen.update(recipes or {})
+            return verify_full(raw, problem, graphs, trials, recipes)
+
+        confirm_mod.verify_full = spy
+        try:
+            budget = Budget(time_s=120.0, results=8, confirm=4)
+            result = search(program, budget=budget, seed=0, progress=False)
+        finally:
+            confirm_mod.verify_full = verify_full
+        _CACHE.update(program=program, result=result, recipes=seen)
+    return _CACHE["program"], _CACHE["result"], _CACHE["recipes"]
+
+
+def test_the_candidates_select_times_are_verified_on_reduced_instances():
+    program, result, recipes = _searched()
+    full = [g for g in result.mugraphs if g.meta.get("verified") == "full"]
+    assert full, result.message
+    reduced = [g for g in full if g.meta.get("instance", "").startswith("reduced: d1 256→")]
+    assert reduced, [g.meta.get("instance") for g in full]
+    for g in reduced:
+        assert fields.verify(g, program, trials=2, seed=3).equal  # at full size, directly
+        # the memo answers select's question with the reduced instance's verdict
+        v = fields.verify(g, program, trials=result.stats["budget"]["trials"], seed=0)
+        assert v.equal and v.instance == g.meta["instance"]
+
+
+def test_only_classes_split_by_every_kernel_that_carries_them_are_reduced():
+    program, result, recipes = _searched()
+    dims = dims_mod.analyse(program)
+    # q (2, 256, 64), k (2, 64, 4096), v (2, 4096, 64): d0 groups, d1 rows, d2 = head dim of
+    # Q and K (reduced), d3 keys (reduced), d4 = head dim of V (an output class)
+    assert dims.sizes[:5] == (2, 256, 64, 4096, 64)
+    for s, nums in recipes.values():
+        windows = batch_tiles(s, nums, dims)
+        assert set(windows) <= {1, 4}  # never the contractions d2, d3; d0 is too small
+        for spec, grid in zip(s.kernels, nums.grids):
+            for c, w in windows.items():
+                assert c in spec.mapping.grid and c != spec.mapping.loop
+                assert w % (dims.sizes[c] // grid[spec.mapping.grid.index(c)]) == 0
+        if any(spec.mapping.split for spec in s.kernels):  # split-KV: the combine keeps D whole
+            assert 4 not in windows
+
+
+def test_a_wrong_candidate_is_rejected_on_its_reduced_instance():
+    _, _, recipes = _searched()
+    # the same shapes and dimensions, another scale: every candidate of gqa_stable is wrong
+    wrong = _program(lambda q, k, v: jax.nn.softmax((q @ k) * 0.25, axis=-1) @ v)
+    dims = dims_mod.analyse(wrong)
+    tried = 0
+    for s, nums in recipes.values():
+        r = reduced_instance(wrong, dims, s, nums)
+        if r is None:
+            continue
+        tried += 1
+        assert not fields.verify(r.mugraph, r.program, trials=2, seed=0).equal
+    assert tried
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_a_class_is_reduced_only_where_two_windows_are_fewer(batch):
+    """An attention over (batch, rows): a batch of 3 split in blocks of one becomes 2."""
+
+    def attend(q, k, v):
+        return jax.nn.softmax(q @ k, axis=-1) @ v
+
+    q = jnp.zeros((batch, 64, 16), jnp.float16)
+    k = jnp.zeros((batch, 16, 64), jnp.float16)
+    v = jnp.zeros((batch, 64, 16), jnp.float16)
+    program = lax_ir.partition(lax_ir.capture(attend, q, k, v)).regions[0].program
+    seen: dict = {}
+    verify_full = confirm_mod.verify_full
+
+    def spy(raw, problem, graphs, trials, recipes=None):
+        seen.update(recipes or {})
+        return verify_full(raw, problem, graphs, trials, recipes)
+
+    confirm_mod.verify_full = spy
+    try:
+        result = search(program, budget=Budget(time_s=60.0, results=4, confirm=2), progress=False)
+    finally:
+        confirm_mod.verify_full = verify_full
+    assert result.mugraphs, result.message
+    dims = dims_mod.analyse(program)
+    for s, nums in seen.values():
+        windows = batch_tiles(s, nums, dims)
+        for c, w in windows.items():
+            assert 2 * w < dims.sizes[c]
+        if batch == 2:
+            assert 0 not in windows
+        r = reduced_instance(program, dims, s, nums)
+        if r is not None:
+            assert fields.verify(r.mugraph, r.program, trials=2, seed=0).equal
+            if 0 in windows:
+                assert r.sizes[0] == (3, 2 * windows[0]) and r.program.input_avals[0][0][0] == 2
+
+
+def test_the_reduced_verdict_has_the_full_pairs_degrees():
+    """The cache re-verifies an entry at full size when it is read and compares the degree
+    bounds it stored: the reduced instance's must be the full pair's."""
+    program, result, recipes = _searched()
+    dims = dims_mod.analyse(program)
+    for g in result.mugraphs:
+        if g.canonical_hash not in recipes:
+            continue
+        r = reduced_instance(program, dims, *recipes[g.canonical_hash])
+        if r is not None:
+            assert fields.degree_bound(r.mugraph) == fields.degree_bound(g)
+            assert fields.degree_bound(r.program) == fields.degree_bound(program)
