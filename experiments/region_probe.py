@@ -24,12 +24,33 @@ from mirage_jax.search.cost import estimate
 from mirage_jax.select import select
 
 
+def _region(name: str, size: str, batch: int, region: int) -> lax_ir.Program:
+    """Region `region` of model `name`, or of benchmark `name` (`experiments.benchmarks`)."""
+    from experiments import benchmarks
+
+    if name in benchmarks.names():
+        bm = benchmarks.get(name, batch)
+        part = lax_ir.partition(lax_ir.capture(bm.fn, *bm.inputs))
+    else:
+        m = M.get(name, batch=batch, size=size)
+        part = lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
+    return part.regions[region].program
+
+
+def _numbers(g) -> str:
+    """Each graph-defined kernel's grid and loop range, e.g. "grid(16, 4, 8) loop 4"."""
+    return " ; ".join(
+        f"grid{tuple(op.block_graph.grid)} loop {op.block_graph.forloop_range}"
+        for op in g.ops
+        if op.block_graph is not None
+    )
+
+
 def probe(name: str, size: str, batch: int, region: int, backends: list[str], top: int) -> dict:
-    """Search region `region` of model `name` and time its first `top` µGraphs per backend."""
-    m = M.get(name, batch=batch, size=size)
-    part = lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
-    program = part.regions[region].program
-    res = search(program, budget=Budget(time_s=60), seed=0)
+    """Search region `region` of model (or benchmark) `name` and time its first `top` µGraphs
+    per backend."""
+    program = _region(name, size, batch, region)
+    res = search(program, budget=Budget(time_s=60, results=max(16, top)), seed=0)
     rows = {"program": program.pretty(), "stop": res.stop_reason, "candidates": []}
     for g in res.mugraphs[:top]:
         cost = estimate(g)
@@ -39,7 +60,14 @@ def probe(name: str, size: str, batch: int, region: int, backends: list[str], to
     for backend in backends:
         sel = select(res, program, backend=backend, top=top)
         rows[backend] = [
-            {"label": c.label, "us": c.us, "estimate_us": c.estimate_us, "error": c.error[:200]}
+            {
+                "label": c.label,
+                "us": c.us,
+                "estimate_us": c.estimate_us,
+                "error": c.error[:200],
+                "structure": c.mugraph.meta.get("structure") if c.mugraph else None,
+                "numbers": _numbers(c.mugraph) if c.mugraph else None,
+            }
             for c in sel.contenders
         ]
         print(backend, json.dumps(rows[backend], indent=1), flush=True)

@@ -649,3 +649,25 @@ def test_warps_measured_by_select_reach_the_kernels(monkeypatch):
     lower(g, backend="pallas", interpret=True)
     lower(tuned, backend="pallas", config=PallasConfig(num_warps=2), interpret=True)
     assert seen == [8, 8, 4, 4, 2, 2]
+    seen.clear()  # one number per graph-defined kernel, in op order
+    lower(MuGraph(g.ops, g.outputs, {**g.meta, WARPS: (8, 2)}), backend="pallas", interpret=True)
+    assert seen == [8, 2]
+    with pytest.raises(LoweringError, match="names 3 kernels"):
+        lower(MuGraph(g.ops, g.outputs, {**g.meta, WARPS: [8, 2, 4]}), backend="pallas")
+
+
+def test_select_tunes_the_warps_of_each_launch_of_a_few():
+    """`select(tune_warps=True)` times every kernel at 8 warps, then each launch alone."""
+    from mirage_jax.select import TUNED_WARPS, warp_variants
+
+    assert warp_variants(matmul_graph()) == [TUNED_WARPS, (TUNED_WARPS, 4), (4, TUNED_WARPS)]
+    assert warp_variants(elementwise_graph()) == [TUNED_WARPS]  # one kernel
+    # the cache keeps them: the µGraph's JSON stores lists of scalars in its meta
+    from mirage_jax.lower.kernel_graph import WARPS, kernel_warps
+    from mirage_jax.mugraph import MuGraph
+    from mirage_jax.mugraph.serialize import from_json, to_json
+
+    g = matmul_graph()
+    back = from_json(to_json(MuGraph(g.ops, g.outputs, {**g.meta, WARPS: (8, 4)})))
+    assert back.meta[WARPS] == [8, 4] and back.canonical_hash == g.canonical_hash
+    assert sorted(kernel_warps(back, plan(back)).values()) == [4, 8]

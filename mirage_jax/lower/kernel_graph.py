@@ -31,6 +31,28 @@ WARPS = "num_warps"
 """µGraph meta key: warps per block for kernels lowered with no config (`select` times them)."""
 
 
+def kernel_warps(mugraph: MuGraph, plans: Mapping[int, Any]) -> dict[int, int]:
+    """Kernel op index -> the warps per block that `select` measured best (the meta's `WARPS`:
+    one number for every kernel, or one per graph-defined kernel in op order; a kernel of a
+    one-launch group takes the first of its group's)."""
+    warps = mugraph.meta.get(WARPS)
+    if not warps:
+        return {}
+    order = sorted(plans)
+    if isinstance(warps, (int, float, str)):
+        return {i: int(warps) for i in order}
+    if len(warps) != len(order):
+        raise LoweringError(
+            f"{mugraph!r}: meta {WARPS}={list(warps)} names {len(warps)} kernels, the µGraph has "
+            f"{len(order)} graph-defined ones; select it again (clear its cache entry)"
+        )
+    out = {i: int(w) for i, w in zip(order, warps)}
+    group = mugraph.one_launch()
+    for i in group:
+        out[i] = out[group[0]]
+    return out
+
+
 def plan(mugraph: MuGraph, min_dot: int = MIN_DOT) -> dict[int, KernelPlan]:
     """Validate `mugraph` and plan each graph-defined kernel (kernel op index -> plan)."""
     try:
@@ -112,12 +134,14 @@ def lower(
         plan(mugraph)
         return jax.jit(functools.partial(evaluate, mugraph))
     mod = b.load()
+    configs: dict[int, Any] = {}  # kernel op index -> its config where `select` tuned it
     if config is None:
         config = mod.default_config()
-        warps = mugraph.meta.get(WARPS)  # the warps `select` measured best
-        if warps:
-            config = dataclasses.replace(config, num_warps=int(warps))
-    plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
+        plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
+        for i, w in kernel_warps(mugraph, plans).items():  # the warps `select` measured best
+            configs[i] = dataclasses.replace(config, num_warps=w)
+    else:
+        plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
     if interpret is None:
         interpret = b.interpret or jax.default_backend() == "cpu"
     avals = mugraph.input_avals
@@ -144,12 +168,14 @@ def lower(
         if written.get(i):
             extra["out_views"] = written[i]
         where = f"kernel op {i} (graph_defined)"
-        kernels[i] = mod.build_kernel(p, config, interpret=interpret, where=where, **extra)
+        cfg = configs.get(i, config)
+        kernels[i] = mod.build_kernel(p, cfg, interpret=interpret, where=where, **extra)
     launch = None  # the kernels of `group`, launched as one (`MuGraph.one_launch`)
     if group:
         where = f"kernel ops {list(group)} (graph_defined, one launch)"
         launch = mod.build_group(
-            [plans[i] for i in group], config, interpret=interpret, where=where,
+            [plans[i] for i in group], configs.get(group[0], config), interpret=interpret,
+            where=where,
             views=[kernel_views[i] for i in group],
         )  # fmt: skip
     shapes = mugraph.shapes

@@ -105,6 +105,17 @@ def block_graph_from_dict(d: dict) -> BlockGraph:
     )
 
 
+def _meta_value(v: Any) -> Any:
+    """A meta value as JSON keeps it: scalars, and lists of scalars (per-kernel warps, the
+    `select` tuning that lowering reads); None for anything else (not stored)."""
+    scalar = (str, int, float, bool)
+    if isinstance(v, scalar):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(x, scalar) for x in v):
+        return list(v)
+    return None
+
+
 def to_dict(g: MuGraph) -> dict:
     ops = []
     for op in g.ops:
@@ -116,7 +127,7 @@ def to_dict(g: MuGraph) -> dict:
         if op.block_graph is not None:
             d["block_graph"] = block_graph_to_dict(op.block_graph)
         ops.append(d)
-    meta = {k: v for k, v in g.meta.items() if isinstance(v, (str, int, float, bool))}
+    meta = {k: _meta_value(v) for k, v in g.meta.items() if _meta_value(v) is not None}
     return {
         "format": FORMAT,
         "version": VERSION,

@@ -1,0 +1,100 @@
+"""The best µGraphs of one benchmark region under several Triton configs, timed on the GPU.
+
+For looking into how the generated kernels' knobs (warps, pipelining stages, loop unrolling)
+move a region's device time (`mirage_jax.profile.time_trace`, per kernel), beside XLA's, in one
+run:
+
+    python -m experiments.config_probe gqa_stable --batch 8 --top 2 --out experiments/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+from pathlib import Path
+
+import jax
+
+import lax_ir
+from experiments import benchmarks
+from mirage_jax.lower import lower
+from mirage_jax.lower.triton import TritonConfig
+from mirage_jax.profile import time_trace
+from mirage_jax.search import Budget, search
+from mirage_jax.select import random_inputs
+
+CONFIGS = {
+    "default": {},
+    "unroll2": {"loop_unroll": 2},
+    "unroll4": {"loop_unroll": 4},
+    "unroll8": {"loop_unroll": 8},
+    "stages2": {"num_stages": 2},
+    "stages4": {"num_stages": 4},
+    "warps8": {"num_warps": 8},
+}
+
+
+def probe(name: str, batch: int, top: int, configs: list[str], calls: int) -> dict:
+    """Search benchmark `name` at `batch`; time its first `top` µGraphs under `configs`."""
+    bm = benchmarks.get(name, batch)
+    program = lax_ir.partition(lax_ir.capture(bm.fn, *bm.inputs)).regions[0].program
+    res = search(program, budget=Budget(time_s=60), seed=0)
+    cached: dict = {}
+
+    def sets(seed: int):
+        if seed not in cached:
+            cached[seed] = random_inputs(program, seed)
+        return cached[seed]
+
+    xla_fn = jax.jit(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
+    xla = time_trace(xla_fn, sets, calls=calls)
+    rows = [{"label": "xla", "us": xla.median_us, "kernels": xla.kernels}]
+    print("xla", round(xla.median_us, 2), flush=True)
+    for rank, g in enumerate(res.mugraphs[:top]):
+        for c in configs:
+            try:
+                fn = lower(g, backend="triton", config=TritonConfig(**CONFIGS[c]))
+                t = time_trace(fn, sets, calls=calls)
+            except Exception as e:  # a config the device cannot run (shared memory)
+                why = f"{type(e).__name__}: {e}"[:300]
+                rows.append({"label": f"#{rank} {c}", "error": why})
+                print(f"#{rank} {c:8s} failed: {why[:120]}", flush=True)
+                continue
+            rows.append(
+                {
+                    "label": f"#{rank} {c}",
+                    "structure": g.meta.get("structure"),
+                    "us": t.median_us,
+                    "kernels": t.kernels,
+                }
+            )
+            ks = ", ".join(f"{k[1]:.2f}" for k in t.kernels)
+            print(f"#{rank} {c:8s} {t.median_us:7.2f} µs ({ks})", flush=True)
+    return {"program": name, "batch": batch, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("name")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--top", type=int, default=2)
+    p.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--out", default="experiments/results")
+    args = p.parse_args(argv)
+    doc = {
+        "date": _dt.date.today().isoformat(),
+        "device": str(jax.devices()[0].device_kind),
+        "jax": jax.__version__,
+        "method": "mirage_jax.profile.time_trace (device time per call, median)",
+        "args": vars(args),
+        "result": probe(args.name, args.batch, args.top, args.configs, args.calls),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"config_probe_{args.name}_b{args.batch}.json").write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
