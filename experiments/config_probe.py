@@ -1,10 +1,11 @@
-"""The best µGraphs of one benchmark region under several Triton configs, timed on the GPU.
+"""The best µGraphs of one region under several Triton configs, timed on the GPU.
 
 For looking into how the generated kernels' knobs (warps, pipelining stages, loop unrolling)
 move a region's device time (`mirage_jax.profile.time_trace`, per kernel), beside XLA's, in one
 run:
 
     python -m experiments.config_probe gqa_stable --batch 8 --top 2 --out experiments/results
+    python -m experiments.config_probe gpt2_prefill --batch 1 --region 1 --top 4
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import jax
 
 import lax_ir
-from experiments import benchmarks
+from experiments.region_probe import _numbers, _region
 from mirage_jax.lower import lower
 from mirage_jax.lower.triton import TritonConfig
 from mirage_jax.profile import time_trace
@@ -32,13 +33,16 @@ CONFIGS = {
     "stages2": {"num_stages": 2},
     "stages4": {"num_stages": 4},
     "warps8": {"num_warps": 8},
+    "warps8_stages4": {"num_warps": 8, "num_stages": 4},
 }
 
 
-def probe(name: str, batch: int, top: int, configs: list[str], calls: int) -> dict:
-    """Search benchmark `name` at `batch`; time its first `top` µGraphs under `configs`."""
-    bm = benchmarks.get(name, batch)
-    program = lax_ir.partition(lax_ir.capture(bm.fn, *bm.inputs)).regions[0].program
+def probe(
+    name: str, batch: int, top: int, configs: list[str], calls: int, size: str, region: int
+) -> dict:
+    """Search region `region` of benchmark or model `name` at `batch`; time its first `top`
+    µGraphs under `configs`."""
+    program = _region(name, size, batch, region)
     res = search(program, budget=Budget(time_s=60), seed=0)
     cached: dict = {}
 
@@ -65,12 +69,13 @@ def probe(name: str, batch: int, top: int, configs: list[str], calls: int) -> di
                 {
                     "label": f"#{rank} {c}",
                     "structure": g.meta.get("structure"),
+                    "numbers": _numbers(g),
                     "us": t.median_us,
                     "kernels": t.kernels,
                 }
             )
             ks = ", ".join(f"{k[1]:.2f}" for k in t.kernels)
-            print(f"#{rank} {c:8s} {t.median_us:7.2f} µs ({ks})", flush=True)
+            print(f"#{rank} {c:8s} {t.median_us:7.2f} µs ({ks}) {_numbers(g)}", flush=True)
     return {"program": name, "batch": batch, "rows": rows}
 
 
@@ -78,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("name")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--size", default="realistic", help="model size (models only)")
+    p.add_argument("--region", type=int, default=0)
     p.add_argument("--top", type=int, default=2)
     p.add_argument("--configs", nargs="*", default=list(CONFIGS))
     p.add_argument("--calls", type=int, default=30)
@@ -89,11 +96,14 @@ def main(argv: list[str] | None = None) -> None:
         "jax": jax.__version__,
         "method": "mirage_jax.profile.time_trace (device time per call, median)",
         "args": vars(args),
-        "result": probe(args.name, args.batch, args.top, args.configs, args.calls),
+        "result": probe(
+            args.name, args.batch, args.top, args.configs, args.calls, args.size, args.region
+        ),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"config_probe_{args.name}_b{args.batch}.json").write_text(json.dumps(doc, indent=1))
+    tag = f"{args.name}_b{args.batch}" + (f"_r{args.region}" if args.region else "")
+    (out / f"config_probe_{tag}.json").write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

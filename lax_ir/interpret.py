@@ -98,6 +98,8 @@ class FloatAlgebra:
         self.xp = xp
         self.dtype = dtype
         self.is_numpy = xp is np
+        # 16-bit operands multiplied into an fp32 accumulator (`matmul`'s preferred type)
+        self.narrow_dot = not self.is_numpy and dtype is None
 
     def _dt(self, dtype: str) -> Any:
         return self.dtype or dtype

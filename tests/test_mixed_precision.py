@@ -99,3 +99,28 @@ def test_triton_source_runs_the_mixed_gemm_in_fp16():
     sums = [line for line in lines if "tl.sum(" in line]
     assert len(dots) == 1 and "ieee" not in dots[0] and "tl.float16" in dots[0], dots
     assert len(sums) == 1 and ".to(tl.float16)" in sums[0], sums
+
+
+@pytest.mark.parametrize(("dtype", "dot"), [("float16", "f16"), ("float32", "f32")])
+def test_a_predefined_gemm_multiplies_16_bit_operands_into_fp32(dtype, dot):
+    """A pre-defined matmul (a GEMM left to XLA) of fp16 operands is one dot of fp16 operands
+    with an fp32 result (tensor cores), not an fp32 GEMM of converted operands; fp32 operands
+    stay fp32. Its float meaning is unchanged."""
+    import re
+
+    import jax
+
+    mb = MuGraphBuilder()
+    x, w = mb.input((64, 128), dtype), mb.input((128, 32), dtype)
+    g = mb.build([mb.op("matmul", x, w)], name="predefined")
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype(dtype) for s in ((64, 128), (128, 32))]
+    fn = lower(g, backend="pallas", interpret=True)
+    text = jax.jit(fn).lower(*xs).as_text()
+    dots = re.findall(
+        r"dot_general.*\(tensor<64x128x(\w+)>, tensor<128x32x(\w+)>\) -> tensor<64x32x(\w+)>", text
+    )
+    assert dots == [(dot, dot, "f32")], dots
+    want = xs[0].astype(np.float64) @ xs[1].astype(np.float64)
+    (got,) = fn(*xs)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-3, atol=5e-2)
