@@ -204,7 +204,9 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
     return InContext(
         inputs=lambda seed: random_arrays(avals, opts.seed + seed),
         wrap=lambda fn, kernel: adapt(fn, program, stored=st.steps if kernel else None),
-        lower=lambda g, backend: lower_mugraph(g, backend, opts.lower_config, st.views),
+        lower=lambda g, backend, order=None: lower_mugraph(
+            g, backend, opts.lower_config, st.views, None, region_out_dtypes(program, order)
+        ),
     )
 
 
@@ -322,6 +324,7 @@ def region_kernel(
             lower_config,
             views,
             {order[k]: perm for k, perm in out_perms.items()},
+            region_out_dtypes(program, order),
         )
     except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
         fallback(
@@ -333,13 +336,11 @@ def region_kernel(
         )
         return f"lowering failed ({type(e).__name__}: {e})"
 
-    out_dtypes = [d for _, d in program.output_avals]
-
     def ordered(*xs: Any) -> list[Any]:
         # A µGraph may keep an output wider than the region's (an fp32 residual stream times
-        # fp16 weights: `validate.result_dtype`); it is rounded to the region's dtype here.
+        # fp16 weights: `validate.result_dtype`); `impl` returns it in the region's dtype.
         outs = list(impl(*xs))
-        return [_as(outs[i], d) for i, d in zip(order, out_dtypes)]
+        return [outs[i] for i in order]
 
     specs = [
         jax.ShapeDtypeStruct(stored_shape(s, views[k]) if k in views else s, d)
@@ -420,18 +421,12 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
     return Stored(views, steps, outputs)
 
 
-def _as(x: Any, dtype: Any) -> Any:
-    """x rounded to a float `dtype` narrower than its own; anything else unchanged (and then
-    caught by the shape/dtype check)."""
-    want = jax.numpy.dtype(dtype)
-    if (
-        x.dtype != want
-        and want.kind == "f"
-        and x.dtype.kind == "f"
-        and want.itemsize < x.dtype.itemsize
-    ):
-        return x.astype(want)
-    return x
+def region_out_dtypes(program: Any, order: Sequence[int] | None = None) -> dict[int, str]:
+    """µGraph output position -> the region's dtype for it (`order[k]`: the µGraph output that
+    is region output k, the verdict's output order), so a kernel stores it in that dtype
+    (`lower(out_dtypes=)`) instead of XLA rounding a wider one after it."""
+    order = list(order) if order else list(range(len(program.output_avals)))
+    return {order[k]: str(d) for k, (_, d) in enumerate(program.output_avals)}
 
 
 def lower_mugraph(
@@ -440,14 +435,18 @@ def lower_mugraph(
     lower_config: Any = None,
     views: Views | None = None,
     out_views: Views | None = None,
+    out_dtypes: Mapping[int, str] | None = None,
 ) -> Callable[..., Sequence[Any]]:
     """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
-    inputs in `views` arrive as stored, outputs in `out_views` leave as stored (`lower`)."""
+    inputs in `views` arrive as stored, outputs in `out_views` leave as stored, outputs in
+    `out_dtypes` in that dtype where it is narrower (`lower`)."""
     from mirage_jax.lower import lower
 
     extra: dict[str, Any] = {"views": views} if views else {}
     if out_views:
         extra["out_views"] = out_views
+    if out_dtypes:
+        extra["out_dtypes"] = out_dtypes
     return lower(mugraph, backend=backend, config=lower_config, **extra)
 
 

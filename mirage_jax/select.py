@@ -77,7 +77,8 @@ class InContext:
     """How to time a region as its function calls it: its own inputs (`inputs(seed)`, before
     the interface's layout steps), and each contender wrapped in those steps (`wrap(fn,
     kernel)`: XLA fuses them into its region; a kernel pays them as XLA copies, less those it
-    reads in place), the kernel lowered by `lower(g, backend)` for that."""
+    reads in place), the kernel lowered by `lower(g, backend, order)` for that (`order`: the
+    µGraph output that is region output k, so it stores each in the region's dtype)."""
 
     inputs: Callable[[int], Sequence[Any]]
     wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]
@@ -269,7 +270,7 @@ def select(
         """A kernel's function to time and its inputs: as the function calls the region
         (`context`: its own inputs, the interface's steps) or on the canonical inputs."""
         if context is not None:
-            raw = context.lower(mugraph, backend=backend)
+            raw = context.lower(mugraph, backend=backend, order=order)
             fn = (lambda *xs: [raw(*xs)[i] for i in order]) if order else raw
             return jax.jit(context.wrap(fn, True)), context.inputs
         return fn, inputs

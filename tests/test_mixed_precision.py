@@ -124,3 +124,26 @@ def test_a_predefined_gemm_multiplies_16_bit_operands_into_fp32(dtype, dot):
     want = xs[0].astype(np.float64) @ xs[1].astype(np.float64)
     (got,) = fn(*xs)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-3, atol=5e-2)
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton", "reference"])
+def test_outputs_come_back_in_the_dtypes_asked_stored_so_by_triton(backend):
+    """`lower(out_dtypes=)`: a µGraph output wider than the region's (fp32 here) comes back
+    rounded to the region's dtype; the Triton kernel stores it so itself (no XLA convert)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    from mirage_jax.lower import triton as tl_backend
+
+    x, w, r = _inputs()
+    g = mixed_graph()
+    assert [d for _, d in g.output_avals] == ["float32", "float32"]
+    want = [np.asarray(e).astype(np.float16) for e in evaluate(g, x, w, r)]
+    got = lower(g, backend=backend, interpret=True, out_dtypes={1: "float16"})(x, w, r)
+    assert [str(o.dtype) for o in got] == ["float32", "float16"]
+    np.testing.assert_allclose(
+        np.asarray(got[1], np.float64), want[1].astype(np.float64), rtol=1e-3
+    )
+    p = plan(g)[sorted(plan(g))[1]]  # the kernel of output 1
+    _, src = tl_backend.kernel_source(p, tl_backend.default_config(), out_dtypes={0: "float16"})
+    stores = [line for line in src.splitlines() if "tl.store(" in line]
+    assert stores and all(".to(tl.float16)" in line for line in stores), stores

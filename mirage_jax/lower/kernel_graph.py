@@ -10,7 +10,6 @@ a wrong kernel is never produced silently.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -103,6 +102,7 @@ def lower(
     interpret: bool | None = None,
     views: Views | Collection[int] = frozenset(),
     out_views: Views | None = None,
+    out_dtypes: Mapping[int, str] | None = None,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """Lower a µGraph to a jitted JAX function of its inputs returning a tuple of its outputs.
 
@@ -113,7 +113,10 @@ def lower(
     other reader gets them transposed by XLA. Outputs at the positions in `out_views` are
     returned as stored: the array whose `transpose(out_views[pos])` is the output, written so
     in place by a kernel of such a backend that produces it alone (`triton`), else transposed
-    by XLA.
+    by XLA. Outputs at the positions in `out_dtypes` that are wider floats are returned rounded
+    to that dtype (the region's own: a µGraph may keep an fp32 accumulator as its output),
+    stored so by the kernel that produces it alone where the backend can (`NARROW_STORES`),
+    else rounded by XLA.
 
     Arguments:
         mugraph: the µGraph (validated first).
@@ -132,7 +135,14 @@ def lower(
         raise LoweringError(str(e)) from None
     if b.module is None:  # the µGraph's own evaluator
         plan(mugraph)
-        return jax.jit(functools.partial(evaluate, mugraph))
+        narrow = dict(out_dtypes or {})
+
+        def evaluated(*args: jax.Array) -> tuple[jax.Array, ...]:
+            return tuple(
+                _narrow(y, narrow.get(pos)) for pos, y in enumerate(evaluate(mugraph, *args))
+            )
+
+        return jax.jit(evaluated)
     mod = b.load()
     configs: dict[int, Any] = {}  # kernel op index -> its config where `select` tuned it
     if config is None:
@@ -161,12 +171,15 @@ def lower(
     group = mugraph.one_launch() if hasattr(mod, "build_group") else ()
     out_views = dict(out_views or {})
     written = _written_in_place(mugraph, out_views, plans, group) if in_place else {}
+    narrowed = _narrowed(mugraph, out_dtypes or {}, plans, group, mod)
     for i, p in plans.items():
         if i in group:
             continue
         extra = {"views": kernel_views[i]} if kernel_views[i] else {}
         if written.get(i):
             extra["out_views"] = written[i]
+        if narrowed.get(i):
+            extra["out_dtypes"] = narrowed[i]
         where = f"kernel op {i} (graph_defined)"
         cfg = configs.get(i, config)
         kernels[i] = mod.build_kernel(p, cfg, interpret=interpret, where=where, **extra)
@@ -223,15 +236,47 @@ def lower(
                     env[(i, j)] = y
             else:
                 env[(i, 0)] = apply_kernel_op(jnp_algebra, op, xs, shapes, i)
-        return tuple(
+        outs = [
             env[r]
             if pos not in out_views or r[1] in written.get(r[0], {})
             else jnp.transpose(env[r], inverse(out_views[pos]))
             for pos, r in enumerate(outputs)
-        )
+        ]
+        return tuple(_narrow(y, (out_dtypes or {}).get(pos)) for pos, y in enumerate(outs))
 
     run.__name__ = f"mugraph_{mugraph.canonical_hash[:12]}_{backend}"
     return jax.jit(run)
+
+
+def _narrow(x: jax.Array, dtype: str | None) -> jax.Array:
+    """x rounded to float `dtype` where that is narrower than its own float dtype."""
+    if dtype is None:
+        return x
+    want = jnp.dtype(dtype)
+    if x.dtype.kind == want.kind == "f" and want.itemsize < x.dtype.itemsize:
+        return x.astype(want)
+    return x
+
+
+def _narrowed(
+    mugraph: MuGraph, out_dtypes: Mapping[int, str], plans: Mapping[int, Any], group, mod: Any
+) -> dict[int, dict[int, str]]:
+    """kernel op id -> {its output j: dtype} for the µGraph outputs in `out_dtypes` narrower
+    than the kernel's own that a kernel launched alone produces, nothing else in the µGraph
+    reads, and the backend stores narrowed itself (`NARROW_STORES`)."""
+    if not getattr(mod, "NARROW_STORES", False):
+        return {}
+    read = {a for op in mugraph.ops for a in op.args}
+    shapes = mugraph.shapes
+    out: dict[int, dict[int, str]] = {}
+    for pos, dtype in out_dtypes.items():
+        i, j = mugraph.outputs[pos]
+        alone = (i, j) not in read and mugraph.outputs.count((i, j)) == 1
+        have, want = jnp.dtype(shapes[(i, j)][1]), jnp.dtype(dtype)
+        narrower = have.kind == want.kind == "f" and want.itemsize < have.itemsize
+        if i in plans and i not in group and alone and narrower:
+            out.setdefault(i, {})[j] = str(want)
+    return out
 
 
 def _written_in_place(
