@@ -60,6 +60,23 @@ def test_decoder_block_pieces(name: str) -> None:
         assert any(p.nodes[j].op == "matmul" for j in r.nodes), f"norm %{i} without projection"
 
 
+@pytest.mark.parametrize("name", ["llama_decode_eqx", "llama_decode_nnx", "gpt2_prefill"])
+def test_no_region_is_only_a_convert_of_a_gemm_epilogue(name: str) -> None:
+    """The fp32 copy of the residual stream after a projection's epilogue, read by the next
+    norm twice, belongs to that norm's region (its kernel widens the stream as it reads it),
+    not to a region of its own (an XLA convert: one more launch per call)."""
+    part = _part(name, "realistic")
+    p = part.program
+    for r in part.regions:
+        ops = {p.nodes[i].op for i in r.nodes}
+        assert ops != {"convert"}, f"region {r.index} is only a convert"
+    for i in _ops(part, "convert"):
+        src = p.nodes[p.nodes[i].args[0]]
+        r = part.region_of(i)
+        if r is not None and src.op == "add" and len(p.users[i]) > 1:
+            assert any(p.nodes[j].op == "reduce_sum" for j in r.nodes), f"%{i} without its norm"
+
+
 def test_mlp_activation_with_its_projections() -> None:
     part = _part("llama_decode_nnx")
     (sig,) = _ops(part, "logistic")

@@ -43,7 +43,8 @@ def test_default_regions_match_the_hashes_recorded_before_the_switch():
     mirage_jax.jit searches) unchanged. Re-recorded 2026-11-25 when masks became biases made
     at the mask's own shape and broadcast inside the region (`lax_ir.layouts._rank_rule`), and
     again 2026-11-26 when a mask that depends on no input became a constant bias (constants'
-    broadcasts fold, so equinox's RoPE table is one constant)."""
+    broadcasts fold, so equinox's RoPE table is one constant), and when a convert ending a
+    GEMM epilogue moved to the region that reads it (`lax_ir.pieces.gemm_cuts`)."""
     import lax_ir
 
     want = json.loads((Path(__file__).parent / "model_region_hashes.json").read_text())
