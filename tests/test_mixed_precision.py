@@ -147,3 +147,12 @@ def test_outputs_come_back_in_the_dtypes_asked_stored_so_by_triton(backend):
     _, src = tl_backend.kernel_source(p, tl_backend.default_config(), out_dtypes={0: "float16"})
     stores = [line for line in src.splitlines() if "tl.store(" in line]
     assert stores and all(".to(tl.float16)" in line for line in stores), stores
+
+
+def test_narrowing_covers_bfloat16():
+    """bfloat16 is a float narrower than float32 (numpy calls its kind "V")."""
+    from mirage_jax.lower.kernel_graph import narrower_float
+
+    assert narrower_float("float32", "bfloat16") and narrower_float("float32", "float16")
+    assert not narrower_float("float16", "float32") and not narrower_float("float16", "bfloat16")
+    assert not narrower_float("int32", "int8") and not narrower_float("float32", "int8")

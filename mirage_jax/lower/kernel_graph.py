@@ -144,14 +144,14 @@ def lower(
 
         return jax.jit(evaluated)
     mod = b.load()
-    configs: dict[int, Any] = {}  # kernel op index -> its config where `select` tuned it
+    tuned = config is None  # then the warps `select` measured best apply (the meta's)
     if config is None:
         config = mod.default_config()
-        plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
-        for i, w in kernel_warps(mugraph, plans).items():  # the warps `select` measured best
-            configs[i] = dataclasses.replace(config, num_warps=w)
-    else:
-        plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
+    plans = plan(mugraph, getattr(config, "min_dot", MIN_DOT))
+    configs = {  # kernel op index -> its own config
+        i: dataclasses.replace(config, num_warps=w)
+        for i, w in (kernel_warps(mugraph, plans) if tuned else {}).items()
+    }
     if interpret is None:
         interpret = b.interpret or jax.default_backend() == "cpu"
     avals = mugraph.input_avals
@@ -248,14 +248,16 @@ def lower(
     return jax.jit(run)
 
 
+def narrower_float(have: Any, want: Any) -> bool:
+    """Is `want` a float dtype narrower than the float dtype `have` (bfloat16 included)?"""
+    have, want = jnp.dtype(have), jnp.dtype(want)
+    floats = jnp.issubdtype(have, jnp.floating) and jnp.issubdtype(want, jnp.floating)
+    return bool(floats and want.itemsize < have.itemsize)
+
+
 def _narrow(x: jax.Array, dtype: str | None) -> jax.Array:
     """x rounded to float `dtype` where that is narrower than its own float dtype."""
-    if dtype is None:
-        return x
-    want = jnp.dtype(dtype)
-    if x.dtype.kind == want.kind == "f" and want.itemsize < x.dtype.itemsize:
-        return x.astype(want)
-    return x
+    return x.astype(dtype) if dtype is not None and narrower_float(x.dtype, dtype) else x
 
 
 def _narrowed(
@@ -272,10 +274,8 @@ def _narrowed(
     for pos, dtype in out_dtypes.items():
         i, j = mugraph.outputs[pos]
         alone = (i, j) not in read and mugraph.outputs.count((i, j)) == 1
-        have, want = jnp.dtype(shapes[(i, j)][1]), jnp.dtype(dtype)
-        narrower = have.kind == want.kind == "f" and want.itemsize < have.itemsize
-        if i in plans and i not in group and alone and narrower:
-            out.setdefault(i, {})[j] = str(want)
+        if i in plans and i not in group and alone and narrower_float(shapes[(i, j)][1], dtype):
+            out.setdefault(i, {})[j] = str(jnp.dtype(dtype))
     return out
 
 
