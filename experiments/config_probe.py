@@ -11,14 +11,12 @@ run:
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 from pathlib import Path
 
 import jax
 
 import lax_ir
-from experiments.region_probe import _numbers, _region
+from experiments.region_probe import _numbers, _region, write_probe
 from mirage_jax.lower import lower
 from mirage_jax.lower.triton import TritonConfig
 from mirage_jax.profile import time_trace
@@ -90,20 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--out", default="experiments/results")
     args = p.parse_args(argv)
-    doc = {
-        "date": _dt.date.today().isoformat(),
-        "device": str(jax.devices()[0].device_kind),
-        "jax": jax.__version__,
-        "method": "mirage_jax.profile.time_trace (device time per call, median)",
-        "args": vars(args),
-        "result": probe(
-            args.name, args.batch, args.top, args.configs, args.calls, args.size, args.region
-        ),
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    result = probe(
+        args.name, args.batch, args.top, args.configs, args.calls, args.size, args.region
+    )
     tag = f"{args.name}_b{args.batch}" + (f"_r{args.region}" if args.region else "")
-    (out / f"config_probe_{tag}.json").write_text(json.dumps(doc, indent=1))
+    method = "mirage_jax.profile.time_trace (device time per call, median)"
+    write_probe(Path(args.out) / f"config_probe_{tag}.json", vars(args), result, method=method)
 
 
 if __name__ == "__main__":

@@ -84,17 +84,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--out", default="experiments/results")
     args = p.parse_args(argv)
+    result = probe(args.model, args.size, args.batch, args.region, args.backends, args.top)
+    tag = f"{args.model}_{args.size}_b{args.batch}_r{args.region}"
+    write_probe(Path(args.out) / f"region_probe_{tag}.json", vars(args), result)
+
+
+def write_probe(path: Path, args: dict, result: dict, **extra: str) -> None:
+    """A probe's result as JSON at `path`, with the date, the device, jax and its arguments."""
     doc = {
         "date": _dt.date.today().isoformat(),
         "device": str(jax.devices()[0].device_kind),
         "jax": jax.__version__,
-        "args": vars(args),
-        "result": probe(args.model, args.size, args.batch, args.region, args.backends, args.top),
+        **extra,
+        "args": args,
+        "result": result,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = f"{args.model}_{args.size}_b{args.batch}_r{args.region}"
-    (out / f"region_probe_{tag}.json").write_text(json.dumps(doc, indent=1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

@@ -28,23 +28,27 @@ def _program(fn) -> lax_ir.Program:
     return lax_ir.partition(lax_ir.capture(fn, *bm.inputs)).regions[0].program
 
 
+def _search_with_recipes(program: lax_ir.Program, budget: Budget):
+    """`search(program)` and the recipes (structure, numbers) `confirm` was given."""
+    seen: dict = {}
+    verify_full = confirm_mod.verify_full
+
+    def spy(raw, problem, graphs, trials, recipes=None):
+        seen.update(recipes or {})
+        return verify_full(raw, problem, graphs, trials, recipes)
+
+    confirm_mod.verify_full = spy
+    try:
+        return search(program, budget=budget, seed=0, progress=False), seen
+    finally:
+        confirm_mod.verify_full = verify_full
+
+
 def _searched():
     """gqa_stable at full size (b=1), searched once, with the recipes `confirm` was given."""
     if not _CACHE:
         program = _program(benchmarks.gqa_stable)
-        seen: dict = {}
-        verify_full = confirm_mod.verify_full
-
-        def spy(raw, problem, graphs, trials, recipes=None):
-            seen.update(recipes or {})
-            return verify_full(raw, problem, graphs, trials, recipes)
-
-        confirm_mod.verify_full = spy
-        try:
-            budget = Budget(time_s=120.0, results=8, confirm=4)
-            result = search(program, budget=budget, seed=0, progress=False)
-        finally:
-            confirm_mod.verify_full = verify_full
+        result, seen = _search_with_recipes(program, Budget(time_s=120.0, results=8, confirm=4))
         _CACHE.update(program=program, result=result, recipes=seen)
     return _CACHE["program"], _CACHE["result"], _CACHE["recipes"]
 
@@ -105,18 +109,7 @@ def test_a_class_is_reduced_only_where_two_windows_are_fewer(batch):
     k = jnp.zeros((batch, 16, 64), jnp.float16)
     v = jnp.zeros((batch, 64, 16), jnp.float16)
     program = lax_ir.partition(lax_ir.capture(attend, q, k, v)).regions[0].program
-    seen: dict = {}
-    verify_full = confirm_mod.verify_full
-
-    def spy(raw, problem, graphs, trials, recipes=None):
-        seen.update(recipes or {})
-        return verify_full(raw, problem, graphs, trials, recipes)
-
-    confirm_mod.verify_full = spy
-    try:
-        result = search(program, budget=Budget(time_s=60.0, results=4, confirm=2), progress=False)
-    finally:
-        confirm_mod.verify_full = verify_full
+    result, seen = _search_with_recipes(program, Budget(time_s=60.0, results=4, confirm=2))
     assert result.mugraphs, result.message
     dims = dims_mod.analyse(program)
     for s, nums in seen.values():
