@@ -361,10 +361,9 @@ def remember(
     target_bound: float = TARGET_BOUND,
     max_void_trials: int = MAX_VOID_TRIALS,
 ) -> None:
-    """Answer `verify(a, b, …)` with `v` from now on in this process: the verdict of a smaller
-    instance of the pair that its caller proved decides it (`v.instance` names it)."""
-    if not v.instance:
-        raise ValueError("remember() takes the verdict of another instance (its `instance` set)")
+    """Answer `verify(a, b, …)` with `v` from now on in this process: the verdict of that very
+    question computed elsewhere (another process: a search's pool or a Ray task), or on a
+    smaller instance of the pair that its caller proved decides it (`v.instance` names it)."""
     _keep(_memo_key(a, b, trials, seed, None, target_bound, max_void_trials), v)
 
 

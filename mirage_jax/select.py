@@ -248,6 +248,7 @@ def select(
     import lax_ir
     from fields import memory
 
+    _known_verdicts(result, program, verify_trials, seed)
     late = False  # verify only the fastest, after timing (a large region: `LARGE_TRIAL`)
     if verify_trials is not None and result.mugraphs:  # before the float64 reference's memory
         need, have = memory.trial_bytes(program, program), memory.room()
@@ -488,6 +489,19 @@ def _verify_fastest(
         contenders[k] = dataclasses.replace(c, verdict=verdict)
         return c.us, c.mugraph
     return None
+
+
+def _known_verdicts(result: Any, program: Program, trials: int | None, seed: int) -> None:
+    """The search's full-size verdicts (`SearchResult.verdicts`) answer the same questions
+    here, also where `select` runs in another process than the search (a pool, a Ray task)."""
+    if trials is None or getattr(result, "program_hash", "") != program.canonical_hash:
+        return
+    import fields
+
+    by_hash = {g.canonical_hash: g for g in result.mugraphs}
+    for h, (t, s, verdict) in (getattr(result, "verdicts", None) or {}).items():
+        if h in by_hash and (t, s) == (trials, seed):
+            fields.remember(by_hash[h], program, verdict, trials=trials, seed=seed)
 
 
 def _verify(g: MuGraph, program: Program, trials: int, seed: int) -> tuple[Any, list[int] | None]:

@@ -137,3 +137,38 @@ def test_the_reduced_verdict_has_the_full_pairs_degrees():
         if r is not None:
             assert fields.degree_bound(r.mugraph) == fields.degree_bound(g)
             assert fields.degree_bound(r.program) == fields.degree_bound(program)
+
+
+def test_the_verdicts_travel_with_the_result_to_another_process():
+    """`select` in another process (a pool, a Ray task) has an empty memo: the result carries
+    the search's full-size verdicts, reduced ones included, and they answer its questions."""
+    import importlib
+    import pickle
+
+    from mirage_jax.select import _known_verdicts
+
+    verify_mod = importlib.import_module(
+        "fields.verify"
+    )  # the module (`fields.verify` is the function)
+
+    program, result, _ = _searched()
+    trials = result.stats["budget"]["trials"]
+    moved = pickle.loads(pickle.dumps(result))
+    assert moved.verdicts and set(moved.verdicts) <= {g.canonical_hash for g in moved.mugraphs}
+    saved = dict(verify_mod._MEMO)
+    verify_mod._MEMO.clear()
+    try:
+        _known_verdicts(moved, program, trials, 0)
+        for g in moved.mugraphs:
+            if g.canonical_hash in moved.verdicts:
+                v = verify_mod._MEMO.get(verify_mod._memo_key(
+                    g, program, trials, 0, None, verify_mod.TARGET_BOUND,
+                    verify_mod.MAX_VOID_TRIALS,
+                ))  # fmt: skip
+                assert v is not None and v.equal and v.instance == g.meta.get("instance", "")
+        verify_mod._MEMO.clear()
+        _known_verdicts(moved, program, trials + 1, 0)  # other trials: not the same question
+        assert not verify_mod._MEMO
+    finally:
+        verify_mod._MEMO.clear()
+        verify_mod._MEMO.update(saved)

@@ -108,7 +108,7 @@ def confirm(
     deadline: float = float("inf"),
     raw: Any = None,
     recipes: Recipes | None = None,
-) -> tuple[list[MuGraph], int]:
+) -> tuple[list[MuGraph], int, dict[str, Any]]:
     """Pick `budget.results` instances (the best of every structure first, then the next
     cheapest), order them as returned (`return_order`), verify at full size the first
     `budget.confirm` that `select` will time (`timing_order`), all at once in the pool `raw`
@@ -121,7 +121,9 @@ def confirm(
     process's memo (`fields.verify`'s), where `select` asks the same questions. A region whose
     trial is large (`fields.memory.LARGE_TRIAL`) or does not fit the machine's memory is not
     verified at full size here, unless its reduced instance (`recipes`, `reduced`) is small
-    enough: `select` times its µGraphs first and verifies the fastest."""
+    enough: `select` times its µGraphs first and verifies the fastest. Returns the µGraphs,
+    the number that failed, and the verdicts of those verified (µGraph hash -> `Verdict`), which
+    the result carries to `select` in whatever process it runs."""
     firsts: dict[str, int] = {}
     for i, (_, _, _, key) in enumerate(instances):
         firsts.setdefault(key, i)
@@ -131,6 +133,7 @@ def confirm(
     chosen = pool[: budget.results]
     pool = pool[budget.results :]
     checked: dict[int, dict] = {}  # index -> the full verification's record
+    verdicts: dict[str, Any] = {}
     failed, last = 0, 0.0
     bad_keys: set[str] = set()
     from fields import memory
@@ -155,13 +158,14 @@ def confirm(
             break
         t0 = time.monotonic()
         graphs = [instances[i][2] for i in todo]
-        verdicts = verify_full(raw, problem, graphs, budget.trials, recipes)
+        got = verify_full(raw, problem, graphs, budget.trials, recipes)
         last = time.monotonic() - t0
-        for i, v in zip(todo, verdicts):
+        for i, v in zip(todo, got):
             if v:
                 checked[i] = dict(verified="full", bound=v.bound, trials=v.trials)
                 if v.instance:
                     checked[i]["instance"] = v.instance
+                verdicts[instances[i][2].canonical_hash] = v
                 continue
             failed += 1
             bad_keys.add(instances[i][3])
@@ -179,4 +183,4 @@ def confirm(
         if meta.get("verified") != "full":
             meta.update(checked.get(i, dict(verified="representative")))
         kept.append(MuGraph(g.ops, g.outputs, meta))
-    return kept, failed
+    return kept, failed, verdicts

@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,8 @@ class SearchResult:
             phase, e-graph and budget details.
         structures: a one-line description per accepted structure.
         message: a sentence for people (says so when nothing was found).
+        verdicts: µGraph hash -> (trials, seed, `fields.Verdict`) of its full-size verification,
+            so `select` asks none of them again, in this process or another.
     """
 
     mugraphs: tuple[MuGraph, ...]
@@ -125,6 +127,7 @@ class SearchResult:
     structures: tuple[str, ...] = ()
     message: str = ""
     program_hash: str = ""
+    verdicts: Mapping[str, tuple[int | None, int, Any]] = field(default_factory=dict)
 
     @property
     def best(self) -> MuGraph | None:
@@ -302,7 +305,7 @@ def _search(
     t0 = time.perf_counter()
     confirm_by = cut_deadline - 0.1 * budget.time_s if math.isfinite(budget.time_s) else math.inf
     with pool_for(workers) as raw:
-        kept, failed = confirm(problem, instances, budget, confirm_by, raw, recipes)
+        kept, failed, verdicts = confirm(problem, instances, budget, confirm_by, raw, recipes)
     seconds["verify_full"] = time.perf_counter() - t0
     stats["confirm_failed"] = failed
     seconds["total"] = time.perf_counter() - t_all
@@ -337,7 +340,7 @@ def _search(
     )  # fmt: skip
     return SearchResult(
         tuple(kept), stop_reason, stats, tuple(dict.fromkeys(descriptions)), message,
-        program.canonical_hash,
+        program.canonical_hash, {h: (budget.trials, seed, v) for h, v in verdicts.items()},
     )  # fmt: skip
 
 
