@@ -33,9 +33,9 @@ def _search_with_recipes(program: lax_ir.Program, budget: Budget):
     seen: dict = {}
     verify_full = confirm_mod.verify_full
 
-    def spy(raw, problem, graphs, trials, recipes=None):
+    def spy(raw, problem, graphs, trials, recipes=None, pairs=None):
         seen.update(recipes or {})
-        return verify_full(raw, problem, graphs, trials, recipes)
+        return verify_full(raw, problem, graphs, trials, recipes, pairs)
 
     confirm_mod.verify_full = spy
     try:

@@ -268,14 +268,11 @@ def _narrowed(
     reads, and the backend stores narrowed itself (`NARROW_STORES`)."""
     if not getattr(mod, "NARROW_STORES", False):
         return {}
-    read = {a for op in mugraph.ops for a in op.args}
     shapes = mugraph.shapes
     out: dict[int, dict[int, str]] = {}
-    for pos, dtype in out_dtypes.items():
-        i, j = mugraph.outputs[pos]
-        alone = (i, j) not in read and mugraph.outputs.count((i, j)) == 1
-        if i in plans and i not in group and alone and narrower_float(shapes[(i, j)][1], dtype):
-            out.setdefault(i, {})[j] = str(jnp.dtype(dtype))
+    for pos, (i, j) in _sole_outputs(mugraph, out_dtypes, plans, group):
+        if narrower_float(shapes[(i, j)][1], out_dtypes[pos]):
+            out.setdefault(i, {})[j] = str(jnp.dtype(out_dtypes[pos]))
     return out
 
 
@@ -284,13 +281,25 @@ def _written_in_place(
 ) -> dict[int, dict[int, tuple[int, ...]]]:
     """kernel op id -> {its output j: permutation} for the µGraph outputs in `out_views` that
     a kernel launched alone produces and nothing else in the µGraph reads."""
-    read = {a for op in mugraph.ops for a in op.args}
     out: dict[int, dict[int, tuple[int, ...]]] = {}
-    for pos, perm in out_views.items():
+    for pos, (i, j) in _sole_outputs(mugraph, out_views, plans, group):
+        out.setdefault(i, {})[j] = tuple(out_views[pos])
+    return out
+
+
+def _sole_outputs(
+    mugraph: MuGraph, positions: Collection[int], plans: Mapping[int, Any], group: Sequence[int]
+) -> list[tuple[int, tuple[int, int]]]:
+    """(position, (kernel op id, output j)) for the µGraph outputs at `positions` that a kernel
+    launched alone produces, that are that output once, and that nothing in the µGraph reads:
+    the kernel may store them as it likes (permuted, narrowed)."""
+    read = {a for op in mugraph.ops for a in op.args}
+    out = []
+    for pos in positions:
         i, j = mugraph.outputs[pos]
         alone = (i, j) not in read and mugraph.outputs.count((i, j)) == 1
         if i in plans and i not in group and alone:
-            out.setdefault(i, {})[j] = tuple(perm)
+            out.append((pos, (i, j)))
     return out
 
 

@@ -94,7 +94,7 @@ def generate_source(
     """The readable `@triton.jit` source of one planned kernel (inputs, then outputs); inputs
     in `views` are stored permuted (`_tile_access`), and so are outputs in `out_views` (the
     array written is the one whose `transpose(out_views[j])` is the output); outputs in
-    `out_dtypes` are stored in that dtype (`narrow_outputs`)."""
+    `out_dtypes` are stored in that dtype (`lower(out_dtypes=)`)."""
     lines: list[str] = []
     emit = lines.append
     ins = [f"in{k}" for k in range(plan.n_in)]
@@ -300,9 +300,10 @@ def check_rules(plan: KernelPlan, where: str) -> None:
 
 
 VIEWS = True
+"""This backend reads inputs stored permuted in place (`build_kernel(views=...)`)."""
+
 NARROW_STORES = True
 """`build_kernel(out_dtypes=)`: a kernel stores an output in a narrower float dtype itself."""
-"""This backend reads inputs stored permuted in place (`build_kernel(views=...)`)."""
 
 
 def build_kernel(

@@ -127,7 +127,7 @@ def to_dict(g: MuGraph) -> dict:
         if op.block_graph is not None:
             d["block_graph"] = block_graph_to_dict(op.block_graph)
         ops.append(d)
-    meta = {k: _meta_value(v) for k, v in g.meta.items() if _meta_value(v) is not None}
+    meta = {k: m for k, v in g.meta.items() if (m := _meta_value(v)) is not None}
     return {
         "format": FORMAT,
         "version": VERSION,

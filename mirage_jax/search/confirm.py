@@ -65,6 +65,7 @@ def verify_full(
     graphs: list[MuGraph],
     trials: int | None,
     recipes: Recipes | None = None,
+    pairs: list[tuple] | None = None,
 ) -> list:
     """`fields.verify` of each of `graphs` against the region at full size, with every planned
     trial of every graph a job of its own in the pool `raw` (8 jobs for 4 graphs of 2 trials:
@@ -72,11 +73,12 @@ def verify_full(
     reduced instance where it has one (`reduced`: GPT-2 prefill at b=8, 32 times fewer
     elements), and that verdict answers the full-size question in this process's memo
     (`fields.remember`), where `select` asks it. The trials run in waves that fit in the
-    machine's memory together (`fields.memory`: at GPT-2 XL size, batch 8, 17 GB a trial)."""
+    machine's memory together (`fields.memory`: at GPT-2 XL size, batch 8, 17 GB a trial).
+    `pairs`: each graph's `check_pair`, where the caller has them already."""
     import fields
     from fields import memory
 
-    pairs = [check_pair(problem, g, recipes) for g in graphs]
+    pairs = pairs or [check_pair(problem, g, recipes) for g in graphs]
     jobs = [
         (k, attempt)
         for k, (a, b, _, _) in enumerate(pairs)
@@ -139,13 +141,13 @@ def confirm(
     from fields import memory
 
     room = min(memory.room(), memory.LARGE_TRIAL)
-    sizes: dict[int, int] = {}  # index -> bytes of one trial of what verifies it
+    pairs: dict[int, tuple] = {}  # index -> what verifies it (`check_pair`)
 
     def fits(i: int) -> bool:  # else `select` verifies it if it is the fastest it times
-        if i not in sizes:
-            b = check_pair(problem, instances[i][2], recipes)[1]
-            sizes[i] = memory.trial_bytes(b, b)
-        return sizes[i] <= room
+        if i not in pairs:
+            pairs[i] = check_pair(problem, instances[i][2], recipes)
+        b = pairs[i][1]
+        return memory.trial_bytes(b, b) <= room
 
     skipped: set[int] = set()
     order = return_order([(i, instances[i][2]) for i in sorted(chosen)])
@@ -158,7 +160,7 @@ def confirm(
             break
         t0 = time.monotonic()
         graphs = [instances[i][2] for i in todo]
-        got = verify_full(raw, problem, graphs, budget.trials, recipes)
+        got = verify_full(raw, problem, graphs, budget.trials, recipes, [pairs[i] for i in todo])
         last = time.monotonic() - t0
         for i, v in zip(todo, got):
             if v:
