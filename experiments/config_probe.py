@@ -30,6 +30,8 @@ CONFIGS = {
     "unroll8": {"loop_unroll": 8},
     "stages2": {"num_stages": 2},
     "stages4": {"num_stages": 4},
+    "warps2": {"num_warps": 2},
+    "stages1": {"num_stages": 1},
     "warps8": {"num_warps": 8},
     "warps8_stages4": {"num_warps": 8, "num_stages": 4},
 }
