@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -92,6 +93,7 @@ class TraceRecord:
     search: str
     error: str = ""
     function_check: Any = None  # `function_check.FunctionCheck` where kernels were timed
+    phases_s: Mapping[str, float] = field(default_factory=dict)  # where the trace's time went
 
 
 @dataclass(frozen=True)
@@ -221,10 +223,12 @@ class MirageJit:
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
         self.stats.traces += 1
         name = getattr(self.fn, "__name__", "function")
+        clock = _Phases()
         try:
             program = _capture(self.fn, args, kwargs)
             self.stats.captures += 1
             part = lax_ir.partition(program)
+            clock.lap("capture")
         except Exception as e:  # capture never should fail; if it does, XLA still runs
             self.stats.fallbacks += 1
             fallback(
@@ -243,15 +247,18 @@ class MirageJit:
             else effective_backend(self.opts.backend)
         )
         decisions, replacements = self._resolve(part, backend, why_not)
+        clock.lap("search_and_select")
         run = None
         if replacements:
             asm = assemble(program, part, replacements)
             decisions = self._demote(part, decisions, asm.skipped)
             if asm.substituted:
                 run = lax_ir.as_function(program, asm.fn)
+        clock.lap("assemble")
         check = None
         if run is not None and self.opts.function_check and backends.get(backend).needs_gpu:
             check = self._function_check(program, decisions, asm.fn, backend)
+            clock.lap("function_check")
             # all kernels lost: the subset that wins, if any; all won: without the marginal
             # ones, if that is faster still (`function_check.best_subset`)
             suspects = marginal(decisions) if check is not None else []
@@ -270,10 +277,12 @@ class MirageJit:
                     if better is not None:
                         run = lax_ir.as_function(program, better.fn)
                 decisions = self._demote(part, decisions, reasons)
+                clock.lap("function_check_subsets")
         for d in decisions:
             logger.info("%s", region_line(name, d))
         if check is not None:
             logger.info("%s: %s", name, check.reason)
+        logger.info("%s: trace %s", name, clock.line())
         self._record(
             TraceRecord(
                 name,
@@ -283,6 +292,7 @@ class MirageJit:
                 self.opts.backend,
                 self.opts.search,
                 function_check=check,
+                phases_s=clock.phases,
             )
         )
         if run is None:  # nothing replaced: the function itself, exactly as under jax.jit
@@ -418,6 +428,25 @@ class MirageJit:
 
 
 # ---------------------------------------------------------------------- helpers
+class _Phases:
+    """Wall-clock seconds per phase of one trace (capture, search and selection, the
+    whole-function check), for `TraceRecord.phases_s` and the log."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._t = self._start = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = round(now - self._t, 3)
+        self._t = now
+
+    def line(self) -> str:
+        total = time.perf_counter() - self._start
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
+        return f"{total:.1f} s ({parts})"
+
+
 def _open_cache(cache: Cache | str | bool | None) -> Cache | None:
     if cache is False:
         return None
