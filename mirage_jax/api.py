@@ -39,7 +39,13 @@ from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.assemble import assemble
 from mirage_jax.cache import Cache
-from mirage_jax.function_check import FunctionCheck, best_subset, checked, marginal
+from mirage_jax.function_check import (
+    FunctionCheck,
+    best_subset,
+    checked,
+    forget_draws,
+    marginal,
+)
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
 from mirage_jax.regions import (
@@ -278,6 +284,7 @@ class MirageJit:
                         run = lax_ir.as_function(program, better.fn)
                 decisions = self._demote(part, decisions, reasons)
                 clock.lap("function_check_subsets")
+            forget_draws()
         for d in decisions:
             logger.info("%s", region_line(name, d))
         if check is not None:

@@ -82,14 +82,12 @@ def measure(
     trace). Values that differ (`mismatch`) make the choice "xla" whatever the times. A given
     `xla_us` (the function itself, timed earlier in this process) is not timed again."""
     from mirage_jax.profile import time_trace
-    from mirage_jax.select import random_inputs
 
     original = jax.jit(jex_core.jaxpr_as_fun(program.meta["jaxpr"]))
     with_kernels = jax.jit(lambda *xs: assembled(xs))
 
-    @functools.cache  # both functions are timed on the same sets, drawn once
-    def inputs(s: int) -> list[Any]:
-        return random_inputs(program, seed + s)
+    def inputs(s: int) -> list[Any]:  # the same sets for both, and for every check of program
+        return _drawn(program, seed + s)
 
     xs = inputs(0)
     mismatch = compare(with_kernels(*xs), original(*xs))
@@ -100,6 +98,30 @@ def measure(
     return FunctionCheck(
         choice, mine, xla_us, "mirage_jax.profile.time_trace", "measured", mismatch
     )
+
+
+_DRAWS: dict[int, tuple[Any, list[Any]]] = {}
+
+
+def _drawn(program: Any, seed: int) -> list[Any]:
+    """`random_inputs(program, seed)`, kept for the checks of one program (the full set of
+    kernels and its subsets: at 7B size each draw took seconds); another program's first draw
+    drops them."""
+    kept = _DRAWS.get(seed)
+    if kept is not None and kept[0] is program:
+        return kept[1]
+    from mirage_jax.select import random_inputs
+
+    if any(p is not program for p, _ in _DRAWS.values()):
+        _DRAWS.clear()
+    xs = random_inputs(program, seed)
+    _DRAWS[seed] = (program, xs)
+    return xs
+
+
+def forget_draws() -> None:
+    """Drop the kept input draws (the end of a trace's checks)."""
+    _DRAWS.clear()
 
 
 def checked(

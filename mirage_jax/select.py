@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -176,12 +177,39 @@ def random_inputs(program: Program, seed: int, scale: float = 0.25) -> list[np.n
 def random_arrays(
     avals: Sequence[tuple[Sequence[int], str]], seed: int, scale: float = 0.25
 ) -> list[np.ndarray]:
-    """N(0, scale²) arrays of the given (shape, dtype)s."""
-    rng = np.random.default_rng(seed)
-    return [
-        (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)
-        for shape, dtype in avals
-    ]
+    """N(0, scale²) arrays of the given (shape, dtype)s, the same for a seed on any machine.
+
+    Drawn in chunks of `_CHUNK` elements, each from its own stream of the seed
+    (`np.random.SeedSequence.spawn`), on several threads: a 7B-size block's 186M inputs took
+    3.3 s on one core, drawn for each whole-function check and each region's selection.
+    """
+    kids = np.random.SeedSequence(seed).spawn(len(avals))
+    outs, jobs = [], []
+    for (shape, dtype), kid in zip(avals, kids):
+        out = np.empty(tuple(shape), dtype)
+        flat = out.reshape(-1)
+        n = flat.size
+        pieces = kid.spawn(max(1, -(-n // _CHUNK)))
+        jobs += [(flat[j * _CHUNK : (j + 1) * _CHUNK], ss) for j, ss in enumerate(pieces)]
+        outs.append(out)
+
+    def fill(job: tuple[np.ndarray, np.random.SeedSequence]) -> None:
+        part, ss = job
+        v = np.random.default_rng(ss).standard_normal(part.size, dtype=np.float32)
+        v *= np.float32(scale)
+        np.copyto(part, v, casting="unsafe")
+
+    if len(jobs) <= 2:
+        for job in jobs:
+            fill(job)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+            list(pool.map(fill, jobs))
+    return outs
+
+
+_CHUNK = 1 << 22
+"""Elements per independently seeded piece of a random input (`random_arrays`)."""
 
 
 def _default_timer(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]]):

@@ -324,3 +324,39 @@ def test_a_large_region_verifies_only_the_fastest_after_timing(monkeypatch):
     sel = select(r, p, tie=0.0, timer=timer, lower=lower, verify_trials=1)
     assert sel.best is good and "not equal" in sel.contenders[1].error
     assert sel.contenders[1].us is None  # dropped before it was timed
+
+
+def test_random_arrays_are_the_seeds_and_chunked_on_threads():
+    """Timing inputs: one draw per seed, the same on every call (several threads fill the
+    chunks of a large array), different for another seed, in the asked dtypes."""
+    from mirage_jax import select as S
+
+    avals = [((3, 5), "float16"), ((S._CHUNK * 2 + 7,), "float32"), ((4,), "int32"), ((2,), "bool")]
+    a = S.random_arrays(avals, 0)
+    b = S.random_arrays(avals, 0)
+    c = S.random_arrays(avals, 1)
+    assert [x.shape for x in a] == [(3, 5), (S._CHUNK * 2 + 7,), (4,), (2,)]
+    assert [str(x.dtype) for x in a] == ["float16", "float32", "int32", "bool"]
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[1], c[1])
+    big = a[1]
+    assert abs(float(big.std()) - 0.25) < 0.01 and abs(float(big.mean())) < 0.01
+    # the chunks are independent streams, not one chunk repeated
+    assert not np.array_equal(big[: S._CHUNK], big[S._CHUNK : 2 * S._CHUNK])
+
+
+def test_the_function_checks_of_one_program_share_their_input_draws():
+    from mirage_jax import function_check as F
+
+    class P:  # a program: only its input avals are read
+        input_avals = (((4, 4), "float16"),)
+
+    p, q = P(), P()
+    F.forget_draws()
+    first = F._drawn(p, 0)
+    assert F._drawn(p, 0) is first  # the subset checks reuse the full check's draw
+    other = F._drawn(q, 0)
+    assert other is not first and np.array_equal(other[0], first[0])
+    assert F._drawn(p, 0) is not first  # another program's draw dropped it
+    F.forget_draws()
+    assert F._DRAWS == {}
