@@ -154,6 +154,17 @@ def test_benchmark_xla_path_matches_jax_jit(name, tmp_path):
     assert f.stats.captures == 1 and f.stats.kernels == 0
 
 
+def test_the_trace_records_where_its_time_went(tmp_path):
+    """`last.phases_s`: seconds per phase of the trace, in order, for the first-call log."""
+    bench = benchmarks.get("rmsnorm").small()
+    xs = [jnp.asarray(a) for a in bench.make_inputs(seed=1)]
+    f = mirage_jax.jit(bench.fn, search="cached", cache=tmp_path / "c.sqlite")
+    f(*xs)
+    phases = f.last.phases_s
+    assert list(phases)[:2] == ["capture", "search_and_select"]
+    assert all(v >= 0 for v in phases.values())
+
+
 KERNEL_CASES = [(n, "reference") for n in benchmarks.names()] + [
     (n, "pallas-interpret") for n in ("rmsnorm", "lora", "gqa_stable", "ntrans")
 ]
