@@ -671,3 +671,45 @@ def test_select_tunes_the_warps_of_each_launch_of_a_few():
     back = from_json(to_json(MuGraph(g.ops, g.outputs, {**g.meta, WARPS: (8, 4)})))
     assert back.meta[WARPS] == [8, 4] and back.canonical_hash == g.canonical_hash
     assert sorted(kernel_warps(back, plan(back)).values()) == [4, 8]
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_split_k_into_a_non_power_of_two_number_of_parts(backend):
+    """A GEMM's K split over 3·2^k blocks: the combining kernel's `accum_sum_todimx` pads the
+    stacked partial sums to a power of two and masks the padding to zero (decode GEMMs split
+    K = 2816 into 11·2^k parts)."""
+    import lax_ir
+    from mirage_jax.search import Budget, search
+    from mirage_jax.select import random_inputs
+
+    def f(x, w):
+        return x @ w
+
+    specs = (
+        jax.ShapeDtypeStruct((8, 96), jnp.float16),
+        jax.ShapeDtypeStruct((96, 32), jnp.float16),
+    )
+    program = lax_ir.partition(lax_ir.capture(f, *specs)).regions[0].program
+    res = search(program, budget=Budget(time_s=60, results=64, numbers_per_structure=8), seed=0)
+    split = [
+        g
+        for g in res.mugraphs
+        if "split" in g.meta.get("structure", "")
+        and any(op.block_graph is not None and 3 in _factors(op.block_graph.grid) for op in g.ops)
+    ]
+    assert split, [g.meta.get("structure") for g in res.mugraphs]
+    xs = random_inputs(program, 0)
+    ref = np.asarray(xs[0], np.float32) @ np.asarray(xs[1], np.float32)
+    out = lower(split[0], backend=backend, interpret=True)(*xs)[0]
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-3)
+
+
+def _factors(grid) -> set[int]:
+    """The odd factors > 1 of a grid's sizes (3 for a 12-way split)."""
+    out = set()
+    for n in grid:
+        while n % 2 == 0 and n > 1:
+            n //= 2
+        if n > 1:
+            out.add(n)
+    return out

@@ -275,7 +275,7 @@ def _count(ctx: OpCtx) -> np.float32:
 
 def _todimx(ctx: OpCtx, x: jax.Array) -> jax.Array:
     dimx = ctx.params["dimx"]
-    x = _f32(x)
+    x = ctx.masked(_f32(x), 0, (-1,), 0)  # padded groups (a non-power-of-two split) count 0
     return jnp.sum(x.reshape((*x.shape[:-1], x.shape[-1] // dimx, dimx)), axis=-2)
 
 

@@ -243,11 +243,13 @@ def plan_kernel(
                 if d != axis:
                     tie(args[0], d, t, d)
             if op.op == "accum_sum_todimx":
+                # the groups are padded to a power of two, masked to zero; each group's
+                # width must stay whole in the padded tile
                 last, dimx = tiles[args[0]][-1], op.param("dimx")
-                if last != next_pow2(last) or dimx != next_pow2(dimx):
+                if dimx != next_pow2(dimx) or last % dimx:
                     raise LoweringError(
-                        f"{w}: accum_sum_todimx needs power-of-two sizes, got last dim {last} "
-                        f"and dimx {dimx}"
+                        f"{w}: accum_sum_todimx needs a power-of-two group width dividing the "
+                        f"last dim, got last dim {last} and dimx {dimx}"
                     )
         elif op.op in ("accum_rescale_sum", "accum_rescale_sum_last"):
             x, m, big = args

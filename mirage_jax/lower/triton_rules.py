@@ -287,7 +287,9 @@ def _todimx(c: OpCtx, x: str) -> str:
     pads = c.plan.pads[c.args[0]]
     dimx = c.params["dimx"]
     split = (*pads[:-1], pads[-1] // dimx, dimx)
-    return f"tl.sum(tl.reshape({c.f32(x, 0)}, {_shape(split)}), axis={len(pads) - 1})"
+    # padded groups (a split into a non-power-of-two number of parts) are masked to zero
+    x32 = c.masked(c.f32(x, 0), 0, (-1,), "0.0")
+    return f"tl.sum(tl.reshape({x32}, {_shape(split)}), axis={len(pads) - 1})"
 
 
 def _sq(c: OpCtx, x: str) -> str:
