@@ -40,6 +40,9 @@ def configure_from_env() -> None:
         handler.setFormatter(logging.Formatter("mirage_jax %(levelname)s: %(message)s"))
         handler.mirage_jax_env = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
+        # printed here once: not again by a root handler another library configured (tokamax
+        # in the same process printed every line twice)
+        logger.propagate = False
     logger.setLevel(level)
 
 

@@ -74,11 +74,22 @@ def test_the_environment_switches_it_on(monkeypatch) -> None:
         log.configure_from_env()  # once: no second handler
         added = [h for h in log.logger.handlers if h not in before]
         assert len(added) == 1 and log.logger.level == logging.DEBUG
+        # a root handler configured by someone else does not print the lines a second time
+        seen: list[logging.LogRecord] = []
+        root = logging.Handler()
+        root.emit = seen.append  # type: ignore[method-assign]
+        logging.getLogger().addHandler(root)
+        try:
+            log.logger.info("one line")
+        finally:
+            logging.getLogger().removeHandler(root)
+        assert seen == []
     finally:
         for h in log.logger.handlers:
             if h not in before:
                 log.logger.removeHandler(h)
         log.logger.setLevel(logging.NOTSET)
+        log.logger.propagate = True
 
 
 def test_a_wrong_level_says_so(monkeypatch) -> None:
