@@ -6,7 +6,7 @@ import dataclasses
 import math
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,12 +323,17 @@ def run_task(
     )  # fmt: skip
     parallel = parallel_dims(problem)
     for closed in en.run(depth, task.shard):
-        combines = list(_combine(problem, m, closed, out, stop, base)) if m.split else [None]
+        by_omaps: dict[tuple, list] = {}  # the combining kernels per stacking of the partials
         passed: list[frozenset] = []  # grids that verified: their subsets need no test
         for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
             omaps = [omap_of(mm, closed.tensors[t].labels) for t, _ in closed.outputs]
             if any(o is None for o in omaps):
                 continue
+            if m.split and tuple(omaps) not in by_omaps:
+                by_omaps[tuple(omaps)] = list(
+                    _combine(problem, mm, closed, omaps, out, stop, base)
+                )
+            combines = by_omaps[tuple(omaps)] if m.split else [None]
             spec = KernelSpec(
                 tuple(t.ref for t in inputs), mm, closed.ops,
                 tuple((t, o) for (t, _), o in zip(closed.outputs, omaps)),
@@ -381,8 +386,18 @@ def run_task(
     return out
 
 
-def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop, base: int = 0):
-    """Combining kernels for the partial results of a split-K kernel.
+def _combine(
+    problem: Problem,
+    m: MappingClass,
+    closed,
+    omaps: Sequence[tuple],
+    out: TaskOutcome,
+    stop,
+    base: int = 0,
+):
+    """Combining kernels for the partial results of a split-K kernel of grid `m` whose
+    outputs concatenate along `omaps` (the partial results stack along the last axis no other
+    grid axis splits: `structure.omap_of`).
 
     Grid: every output dimension that every partial result has as a plain axis. Either no loop
     (the stacked partial sums are reduced by `accum_sum_todimx`/`accum_sum_last`) or, when a
@@ -391,7 +406,7 @@ def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop, 
     """
     index = {t: j for j, (t, _) in enumerate(closed.outputs)}
     partials = []
-    for j, (t, omap) in enumerate(closed.outputs):
+    for j, ((t, _), omap) in enumerate(zip(closed.outputs, omaps)):
         bt = closed.tensors[t]
         by = None if bt.rescaled is None else index.get(bt.rescaled)
         partials.append(output_tensor(bt, m, ("k", base, j), omap, by))
@@ -399,7 +414,7 @@ def _combine(problem: Problem, m: MappingClass, closed, out: TaskOutcome, stop, 
     parallel = [c for c in parallel_dims(problem) if all(c in t.labels for t in partials)]
     base = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
     split = next(iter(m.split))
-    loops = [None, split] if any(t.shift for t in partials) else [None]
+    loops = [None, split]  # one reduction of the stacked results, or a loop over them
     goal = Goal(
         targets=tuple(range(len(problem.output_labels))), output_labels=problem.output_labels
     )
