@@ -330,9 +330,7 @@ def run_task(
             if any(o is None for o in omaps):
                 continue
             if m.split and tuple(omaps) not in by_omaps:
-                by_omaps[tuple(omaps)] = list(
-                    _combine(problem, mm, closed, omaps, out, stop, base)
-                )
+                by_omaps[tuple(omaps)] = list(_combine(problem, mm, closed, omaps, out, stop, base))
             combines = by_omaps[tuple(omaps)] if m.split else [None]
             spec = KernelSpec(
                 tuple(t.ref for t in inputs), mm, closed.ops,
