@@ -230,9 +230,9 @@ def omap_of(mapping: MappingClass, labels: tuple) -> tuple | None:
             # the partial results stack along the last axis, else (a grid axis splits that
             # one) along the last axis no grid axis splits, so the kernel splits N and K both
             free = [d for d in range(len(labels)) if d not in omap]
-            ax = free[-1] if free else None
-            if ax is None:
+            if not free:
                 return None
+            ax = free[-1]
         else:
             ax = next((d for d, lab in enumerate(labels) if lab == c), None)
             if ax is None:

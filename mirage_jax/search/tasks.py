@@ -398,9 +398,9 @@ def _combine(
     grid axis splits: `structure.omap_of`).
 
     Grid: every output dimension that every partial result has as a plain axis. Either no loop
-    (the stacked partial sums are reduced by `accum_sum_todimx`/`accum_sum_last`) or, when a
-    partial max came along (online softmax), a loop over the blocks' partial results that
-    rescales them to the running max (`accum_max`, `accum_rescale_sum`).
+    (the stacked partial sums are reduced by `accum_sum_todimx`/`accum_sum_last`) or a loop
+    over the blocks' partial results: summed (`accum_sum`), or, when a partial max came along
+    (online softmax), rescaled to the running max (`accum_max`, `accum_rescale_sum`).
     """
     index = {t: j for j, (t, _) in enumerate(closed.outputs)}
     partials = []
