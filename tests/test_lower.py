@@ -690,19 +690,7 @@ def test_split_k_into_a_non_power_of_two_number_of_parts(backend):
     """A GEMM's K split over 3·2^k blocks: the combining kernel's `accum_sum_todimx` pads the
     stacked partial sums to a power of two and masks the padding to zero (decode GEMMs split
     K = 2816 into 11·2^k parts)."""
-    import lax_ir
-    from mirage_jax.search import Budget, search
-    from mirage_jax.select import random_inputs
-
-    def f(x, w):
-        return x @ w
-
-    specs = (
-        jax.ShapeDtypeStruct((8, 96), jnp.float16),
-        jax.ShapeDtypeStruct((96, 32), jnp.float16),
-    )
-    program = lax_ir.partition(lax_ir.capture(f, *specs)).regions[0].program
-    res = search(program, budget=Budget(time_s=60, results=64, numbers_per_structure=8), seed=0)
+    program, res = _gemm_searched(96, 32)
     split = [
         g
         for g in res.mugraphs
@@ -710,9 +698,33 @@ def test_split_k_into_a_non_power_of_two_number_of_parts(backend):
         and any(op.block_graph is not None and 3 in _factors(op.block_graph.grid) for op in g.ops)
     ]
     assert split, [g.meta.get("structure") for g in res.mugraphs]
+    _check_gemm(program, split[0], backend)
+
+
+def _gemm_searched(k: int, n: int):
+    """The region of `x @ w` (8 rows, fp16) and its search, many numbers kept per structure."""
+    import lax_ir
+    from mirage_jax.search import Budget, search
+
+    def f(x, w):
+        return x @ w
+
+    specs = (
+        jax.ShapeDtypeStruct((8, k), jnp.float16),
+        jax.ShapeDtypeStruct((k, n), jnp.float16),
+    )
+    program = lax_ir.partition(lax_ir.capture(f, *specs)).regions[0].program
+    res = search(program, budget=Budget(time_s=60, results=64, numbers_per_structure=8), seed=0)
+    return program, res
+
+
+def _check_gemm(program, g, backend: str) -> None:
+    """`g` lowered (interpret mode) gives `x @ w` on the program's random inputs."""
+    from mirage_jax.select import random_inputs
+
     xs = random_inputs(program, 0)
     ref = np.asarray(xs[0], np.float32) @ np.asarray(xs[1], np.float32)
-    out = lower(split[0], backend=backend, interpret=True)(*xs)[0]
+    out = lower(g, backend=backend, interpret=True)(*xs)[0]
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-3)
 
 
@@ -732,19 +744,7 @@ def test_split_k_that_also_splits_n(backend):
     """A split-K pair whose first kernel splits N and K both: its partial sums stack along the
     rows (the last axis is N's), and the combining kernel loops over them
     (`structure.omap_of`); the search finds it, verified, and it lowers to the right values."""
-    import lax_ir
-    from mirage_jax.search import Budget, search
-    from mirage_jax.select import random_inputs
-
-    def f(x, w):
-        return x @ w
-
-    specs = (
-        jax.ShapeDtypeStruct((8, 256), jnp.float16),
-        jax.ShapeDtypeStruct((256, 64), jnp.float16),
-    )
-    program = lax_ir.partition(lax_ir.capture(f, *specs)).regions[0].program
-    res = search(program, budget=Budget(time_s=60, results=64, numbers_per_structure=8), seed=0)
+    program, res = _gemm_searched(256, 64)
     both = [
         g
         for g in res.mugraphs
@@ -755,7 +755,4 @@ def test_split_k_that_also_splits_n(backend):
     assert both, res.structures
     first = next(op for op in both[0].ops if op.block_graph is not None).block_graph
     assert len(first.grid) == 2 and min(first.grid) > 1  # N blocks × K parts
-    xs = random_inputs(program, 0)
-    ref = np.asarray(xs[0], np.float32) @ np.asarray(xs[1], np.float32)
-    out = lower(both[0], backend=backend, interpret=True)(*xs)[0]
-    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-3)
+    _check_gemm(program, both[0], backend)
