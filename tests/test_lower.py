@@ -7,6 +7,7 @@ float64 reference; unsupported or invalid µGraphs raise LoweringError naming th
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import jax
@@ -756,3 +757,45 @@ def test_split_k_that_also_splits_n(backend):
     first = next(op for op in both[0].ops if op.block_graph is not None).block_graph
     assert len(first.grid) == 2 and min(first.grid) > 1  # N blocks × K parts
     _check_gemm(program, both[0], backend)
+
+
+@functools.cache
+def _residual_gemm_searched():
+    """The region of `r + x @ w` (8 rows, fp16) and its search."""
+    import lax_ir
+    from mirage_jax.search import Budget, search
+
+    specs = (
+        jax.ShapeDtypeStruct((8, 256), jnp.float16),
+        jax.ShapeDtypeStruct((256, 64), jnp.float16),
+        jax.ShapeDtypeStruct((8, 64), jnp.float16),
+    )
+    program = lax_ir.partition(lax_ir.capture(lambda x, w, r: r + x @ w, *specs)).regions[0]
+    res = search(program.program, budget=Budget(time_s=60, results=64), seed=0)
+    return program.program, res
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+@pytest.mark.parametrize("form", ["loop", "split"])
+def test_gemm_with_a_residual_loops_over_k_and_splits_k(backend, form):
+    """A GEMM that ends in a residual add loops over K in one kernel, or splits K across
+    blocks with a combining kernel that loops over the partial sums: both read the residual
+    after their loop (`accum_keep`); the search finds both, verified, and they lower to the
+    right values."""
+    from mirage_jax.select import random_inputs
+
+    program, res = _residual_gemm_searched()
+
+    def wanted(g) -> bool:
+        kernels = [op.block_graph for op in g.ops if op.block_graph is not None]
+        keeps = [any(op.op == "accum_keep" for op in bg.ops) for bg in kernels]
+        if form == "loop":
+            return len(kernels) == 1 and keeps[0] and kernels[0].forloop_range > 1
+        return len(kernels) == 2 and keeps == [False, True] and kernels[1].forloop_range > 1
+
+    found = [g for g in res.mugraphs if wanted(g)]
+    assert found, res.structures
+    xs = random_inputs(program, 0)
+    x, w, r = (np.asarray(a, np.float32) for a in xs)
+    out = lower(found[0], backend=backend, interpret=True)(*xs)[0]
+    np.testing.assert_allclose(np.asarray(out, np.float32), r + x @ w, rtol=2e-2, atol=2e-3)

@@ -78,6 +78,7 @@ def captured(name: str, shapes: tuple) -> lax_ir.Program:
         "gated_mlp": lambda x, w1, w2: jax.nn.silu(x @ w1) * (x @ w2),
         "softmax": lambda q, k, v: jax.nn.softmax((q @ k) * 0.125, axis=-1) @ v,
         "lora": lambda x, w, a, b: x @ w + (x @ a) @ b,
+        "residual_gemm": lambda x, w, r: r + x @ w,
     }
     return lax_ir.capture(fns[name], *[jax.ShapeDtypeStruct(s, jnp.float16) for s in shapes])
 
@@ -501,6 +502,38 @@ def test_accumulators_against_numpy():
     np.testing.assert_allclose(rms[:, 0], np.sqrt((x * x).mean(-1)))
     np.testing.assert_allclose(todimx, x.reshape(4, 4, 64).sum(1))
     np.testing.assert_allclose(total[:, 0], x.sum(-1))
+
+
+def residual_gemm_graph(keep_input_loops: bool = False) -> MuGraph:
+    """r + x @ w in one kernel that loops over K: the residual is read after the loop."""
+    kb = MuGraphBuilder()
+    X, W, R = kb.input((4, 64)), kb.input((64, 32)), kb.input((4, 32))
+    b = BlockGraphBuilder((2,), 4)
+    x = b.input((4, 64), F16, (None,), 1)
+    w = b.input((64, 32), F16, (1,), 0)
+    r = b.input((4, 32), F16, (1,), 1 if keep_input_loops else None)
+    acc = b.op("accum_sum", b.op("matmul", x, w))
+    b.output(b.op("add", b.op("accum_keep", r), acc), (1,))
+    (o,) = kb.graph_defined([X, W, R], b.build())
+    return kb.build([o])
+
+
+def test_accum_keep_reads_a_loop_invariant_input_after_the_loop():
+    """accum_keep carries the residual past a K loop as it is (not summed F times): the
+    reference and the finite-field verifier agree with r + x @ w."""
+    g = residual_gemm_graph()
+    shapes = ((4, 64), (64, 32), (4, 32))
+    program = captured("residual_gemm", shapes)
+    xs = randn(shapes, 2)
+    np.testing.assert_allclose(
+        evaluate_reference(g, *xs)[0], ref64(program, xs)[0], rtol=1e-9, atol=1e-9
+    )
+    assert fields.verify(g, program, trials=2).equal
+
+
+def test_accum_keep_of_a_tile_the_loop_walks_is_refused():
+    with pytest.raises(MuGraphError, match="accum_keep carries a loop-invariant tile"):
+        validate(residual_gemm_graph(keep_input_loops=True))
 
 
 def test_kernel_level_ops_and_numpy_dtype_faithful_algebra():

@@ -299,6 +299,8 @@ registry.add(
         lambda c, s: jnp.sqrt(s / _count(c) + c.eps),
     ),
 )
+# a loop-invariant tile (loaded before the loop): every iteration's value is the one kept
+registry.add(BACKEND, "accum_keep", AccumRule(_zeros, lambda c, s, x: _f32(x), lambda c, s: s))
 registry.add(
     BACKEND,
     "accum_sum_todimx",

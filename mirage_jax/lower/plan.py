@@ -228,7 +228,11 @@ def plan_kernel(
             phases.append("post")
         else:
             phases.append(max((phases[a] for a in args), key=order.__getitem__))
-        if spec.kind in ("elementwise", "norm") or op.op in ("accum_sum", "accum_max"):
+        if spec.kind in ("elementwise", "norm") or op.op in (
+            "accum_sum",
+            "accum_max",
+            "accum_keep",
+        ):
             for a in args:
                 for d in range(rank):
                     tie(a, d, t, d)

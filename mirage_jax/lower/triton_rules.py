@@ -325,6 +325,8 @@ registry.add(
         lambda c, s: f"tl.sqrt({s} / {_count(c)} + {c.eps})",
     ),
 )
+# a loop-invariant tile (loaded before the loop): every iteration's value is the one kept
+registry.add(BACKEND, "accum_keep", AccumRule(_zeros, lambda c, s, x: c.f32(x, 0), _same))
 registry.add(
     BACKEND, "accum_sum_todimx", AccumRule(_zeros, lambda c, s, x: f"{s} + {_todimx(c, x)}", _same)
 )

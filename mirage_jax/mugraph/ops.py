@@ -312,6 +312,11 @@ def _accum_todimx(ctx, a):
     return _from_acc(ctx, alg.reshape(s, ctx.out_shape))
 
 
+def _accum_keep(ctx, a):
+    # a loop-invariant tile (batch F = 1: `validate` checks it) carried past the loop as it is
+    return ctx.alg.reshape(a[0], ctx.out_shape)
+
+
 def _accum_max(ctx, a):
     x, _ = _full_loop(ctx, a[0], ctx.arg_shapes[0])
     return ctx.alg.shift_max(x, (ctx.nb - 1,))
@@ -528,6 +533,11 @@ _TABLE = [
     OpDef(
         "accum_rescale_sum_last", 3, _B, "accum", _rescale_shape(True), _accum_rescale(True),
         "Σ_i Σ_last x_i·exp(m_i − M): online-softmax rescaled row sum", search=S(sfu=2),
+    ),
+    OpDef(
+        "accum_keep", 1, _B, "accum", _same, _accum_keep,
+        "a loop-invariant tile after the loop, as it is (an epilogue's residual or bias read "
+        "by a kernel that loops)", search=S(lambda f: [()]),
     ),
 ]  # fmt: skip
 

@@ -162,6 +162,12 @@ def block_info(bg: BlockGraph) -> BlockInfo:
                     f"{where}: the final shift (argument 2) must be accum_max of the "
                     f"per-iteration shift (argument 1, tensor {op.args[1]})"
                 )
+        if op.op == "accum_keep" and batch[op.args[0]][GRID_RANK] != 1:
+            raise MuGraphError(
+                f"{where}: accum_keep carries a loop-invariant tile past the loop, but tensor "
+                f"{op.args[0]} changes with the loop (it reads an input with a forloop_dim); "
+                "accumulate it with accum_sum instead"
+            )
         if spec.kind == "accum":
             want_post = POST_LOOP_ARGS.get(op.op, ())
             for i, a in enumerate(op.args):

@@ -185,6 +185,14 @@ class BlockRules:
         if x.post or x.transfer or (x.shift and name != "accum_max"):
             return "accumulator"
         L = self.loop
+        if name == "accum_keep":
+            # an input the loop does not walk, read after it (a residual or a bias added to a
+            # GEMM that loops over K); without a loop `accum_sum` already says it
+            if L is None or args[0] >= len(self.inputs) or x.partial or x.shift or x.shifted:
+                return "accumulator"
+            if any(lab == L or (is_stack(lab) and lab[2] == L) for lab in x.labels):
+                return "accumulator"
+            return BT(x.term, x.tile, x.labels, True)
         if name == "accum_max":
             if not x.shift:
                 return "accumulator"

@@ -95,6 +95,8 @@ class BlockEnumerator(BlockRules):
         epilogue: positions of inputs read after the loop (pre-defined kernels' outputs): their
             `accum_sum` without a loop may meet accumulated tensors in a binary op (a GEMM's
             rows divided by a norm the kernel accumulates).
+        optional: positions of inputs a closed graph may leave unused (a split-K kernel leaves
+            the residual to its combining kernel, which may also read the region's inputs).
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class BlockEnumerator(BlockRules):
         counters: Counters,
         should_stop: Callable[[], bool] = lambda: False,
         epilogue: frozenset = frozenset(),
+        optional: frozenset = frozenset(),
     ):
         self.mapping = mapping
         self.small = small
@@ -127,6 +130,7 @@ class BlockEnumerator(BlockRules):
             for i, t in enumerate(inputs)
         ]
         self.n_out = len(goal.targets) if goal.split is None else None
+        self.optional = frozenset(optional)
 
     # ------------------------------------------------------------------ inputs
     def _input(self, t: KTensor) -> BT:
@@ -186,7 +190,7 @@ class BlockEnumerator(BlockRules):
         remaining = max_ops - len(ops)
         if remaining <= 0:
             return
-        unused = sum(1 for u in uses if u == 0)
+        unused = sum(1 for i, u in enumerate(uses) if u == 0 and i not in self.optional)
         if unused - (self.n_out or 1) > remaining * (self.vocab.max_arity - 1):
             self.c.prune("dead end")
             return
@@ -369,7 +373,7 @@ class BlockEnumerator(BlockRules):
         if not ops:
             return None
         n_in = len(self.inputs)
-        if any(uses[i] == 0 for i in range(n_in)):
+        if any(uses[i] == 0 for i in range(n_in) if i not in self.optional):
             return None
         dangling = [i for i in range(n_in, len(tensors)) if uses[i] == 0]
         goal = self.goal

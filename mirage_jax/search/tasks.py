@@ -317,25 +317,34 @@ def run_task(
     t_start = time.perf_counter()
     problem.targets.egraph  # noqa: B018 (saturate once per process)
     out.saturation = problem.targets.stats()
+    # a split kernel may leave to its combining kernel the inputs that do not carry the split
+    # reduction (the residual of a GEMM: partial sums cannot take it)
+    optional = frozenset(
+        i for i, t in enumerate(inputs) if m.split and not (m.split & set(t.labels))
+    )
     en = BlockEnumerator(
         inputs, m, problem.small, rep_grid, rep_loop, problem.vocab, problem.targets,
-        goal, out.counters, stop, task.epilogue,
+        goal, out.counters, stop, task.epilogue, optional,
     )  # fmt: skip
     parallel = parallel_dims(problem)
     for closed in en.run(depth, task.shard):
         by_omaps: dict[tuple, list] = {}  # the combining kernels per stacking of the partials
         passed: list[frozenset] = []  # grids that verified: their subsets need no test
+        used, ops, outs = _used_inputs(len(inputs), closed)
+        left = tuple(inputs[i] for i in range(len(inputs)) if i not in used)
         for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
             omaps = [omap_of(mm, closed.tensors[t].labels) for t, _ in closed.outputs]
             if any(o is None for o in omaps):
                 continue
             if m.split and tuple(omaps) not in by_omaps:
-                by_omaps[tuple(omaps)] = list(_combine(problem, mm, closed, omaps, out, stop, base))
+                by_omaps[tuple(omaps)] = list(
+                    _combine(problem, mm, closed, omaps, out, stop, base, left)
+                )
             combines = by_omaps[tuple(omaps)] if m.split else [None]
             spec = KernelSpec(
-                tuple(t.ref for t in inputs), mm, closed.ops,
-                tuple((t, o) for (t, _), o in zip(closed.outputs, omaps)),
-                input_labels=tuple(t.labels for t in inputs),
+                tuple(inputs[i].ref for i in used), mm, ops,
+                tuple((t, o) for (t, _), o in zip(outs, omaps)),
+                input_labels=tuple(inputs[i].labels for i in used),
             )  # fmt: skip
             for second in combines:
                 if second is None:
@@ -384,6 +393,22 @@ def run_task(
     return out
 
 
+def _used_inputs(n_in: int, closed) -> tuple[list[int], tuple, tuple]:
+    """The inputs a closed graph reads, and its ops and outputs renumbered for a kernel that
+    takes only those (block tensor ids count the inputs first)."""
+    used = sorted({a for _, args, _ in closed.ops for a in args if a < n_in})
+    if len(used) == n_in:
+        return used, closed.ops, closed.outputs
+    new = {k: j for j, k in enumerate(used)}
+    shift = n_in - len(used)
+
+    def ref(t: int) -> int:
+        return new[t] if t < n_in else t - shift
+
+    ops = tuple((name, tuple(ref(a) for a in args), params) for name, args, params in closed.ops)
+    return used, ops, tuple((ref(t), o) for t, o in closed.outputs)
+
+
 def _combine(
     problem: Problem,
     m: MappingClass,
@@ -392,15 +417,18 @@ def _combine(
     out: TaskOutcome,
     stop,
     base: int = 0,
+    left: Sequence[KTensor] = (),
 ):
     """Combining kernels for the partial results of a split-K kernel of grid `m` whose
     outputs concatenate along `omaps` (the partial results stack along the last axis no other
-    grid axis splits: `structure.omap_of`).
+    grid axis splits: `structure.omap_of`), and the inputs `left` the split kernel did not read
+    (a residual, a bias: the combining kernel adds them).
 
     Grid: every output dimension that every partial result has as a plain axis. Either no loop
     (the stacked partial sums are reduced by `accum_sum_todimx`/`accum_sum_last`) or a loop
     over the blocks' partial results: summed (`accum_sum`), or, when a partial max came along
-    (online softmax), rescaled to the running max (`accum_max`, `accum_rescale_sum`).
+    (online softmax), rescaled to the running max (`accum_max`, `accum_rescale_sum`); an input
+    left over is read after that loop (`accum_keep`).
     """
     index = {t: j for j, (t, _) in enumerate(closed.outputs)}
     partials = []
@@ -409,6 +437,8 @@ def _combine(
         by = None if bt.rescaled is None else index.get(bt.rescaled)
         partials.append(output_tensor(bt, m, ("k", base, j), omap, by))
     partials = tuple(partials)
+    ins = (*partials, *left)
+    epilogue = frozenset(range(len(partials), len(ins)))
     parallel = [c for c in parallel_dims(problem) if all(c in t.labels for t in partials)]
     base = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
     split = next(iter(m.split))
@@ -420,11 +450,11 @@ def _combine(
         cm = MappingClass(base.grid, loop)
         rep_grid, rep_loop = representative(cm, problem.small)
         en = BlockEnumerator(
-            partials, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab,
-            problem.targets, goal, out.counters, stop,
+            ins, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab,
+            problem.targets, goal, out.counters, stop, epilogue,
         )  # fmt: skip
-        for c in en.run(4):
+        for c in en.run(4 + len(left)):
             yield KernelSpec(
-                tuple(t.ref for t in partials), cm, c.ops, c.outputs,
-                input_labels=tuple(t.labels for t in partials),
+                tuple(t.ref for t in ins), cm, c.ops, c.outputs,
+                input_labels=tuple(t.labels for t in ins),
             )  # fmt: skip
