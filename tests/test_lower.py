@@ -214,6 +214,23 @@ def kernel_ops_graph(dtype="float16"):
     return mb.build([mb.op("concat", n, k, dim=0)], name="kernel_ops")
 
 
+def residual_gemm_graph(dtype="float16"):
+    """r + x @ w looping over K: the residual and a bias row read after the loop
+    (`accum_keep`), one of them through a post-loop op."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=4)
+    x = b.input((8, 64), dtype, imap=(None,), forloop_dim=1)
+    w = b.input((64, 32), dtype, imap=(1,), forloop_dim=0)
+    r = b.input((8, 32), dtype, imap=(1,))
+    bias = b.input((1, 32), dtype, imap=(1,))
+    acc = b.op("accum_sum", b.op("matmul", x, w))
+    kept = b.op("add", b.op("accum_keep", r), b.op("exp", b.op("accum_keep", bias)))
+    b.output(b.op("add", acc, kept), (1,))
+    mb = MuGraphBuilder()
+    ins = [mb.input((8, 64), dtype), mb.input((64, 32), dtype)]
+    ins += [mb.input((8, 32), dtype), mb.input((1, 32), dtype)]
+    return mb.build(mb.graph_defined(ins, b.build()), name="residual_gemm")
+
+
 HAND_BUILT = {
     "elementwise": elementwise_graph,
     "matmul": matmul_graph,
@@ -222,6 +239,7 @@ HAND_BUILT = {
     "scaled_softmax": scaled_softmax_graph,
     "concat": concat_graph,
     "kernel_ops": kernel_ops_graph,
+    "residual_gemm": residual_gemm_graph,
 }
 
 
