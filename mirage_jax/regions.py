@@ -21,6 +21,7 @@ from lax_ir.interface import Ops, Views, adapt, inverse, stored_shape
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
+from mirage_jax.search.order import TIME_TOP
 
 
 def gpu_default_backend() -> str:
@@ -69,7 +70,7 @@ def search_region(
 
     `mirage_jax.select` chooses: each candidate is verified again at full size (the
     record keeps the output matching) and must pass a float64 check (`FLOAT_TOL`). On a GPU
-    the top `time_top` (option, default 4) are timed against XLA, which wins ties. Without a
+    the top `time_top` (option, default `order.TIME_TOP`) are timed against XLA, which wins ties. Without a
     GPU (pallas-interpret, reference) nothing is timed: the cost model's best that passes wins.
     With the region's own input `avals` (shape, dtype), a region with layout steps at its
     interface is timed as its function calls it: those steps included (`select.InContext`).
@@ -260,7 +261,7 @@ def select_searched(
         result,
         program,
         backend=backend,
-        top=int(opts.options.get("time_top", 4)) if timed else None,
+        top=int(opts.options.get("time_top", TIME_TOP)) if timed else None,
         tie=0.0,
         timed=timed,  # by select's default clock, the results tables' (profile.time_trace)
         inputs=lambda s: random_inputs(program, opts.seed + s),

@@ -46,6 +46,7 @@ from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.confirm import call, confirm
 from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
+from mirage_jax.search.order import TIME_TOP
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Numbers, Structure, instantiate
 from mirage_jax.search.tasks import Problem, init_worker, prepare, run_keyed, run_task, tasks_of
@@ -94,7 +95,7 @@ class Budget:
     loop_extra_depth: int = 3
     max_outputs: int = 2
     results: int = 16
-    confirm: int = 4
+    confirm: int = TIME_TOP
     trials: int = 2
     numbers_per_structure: int = 4
     split: bool = True

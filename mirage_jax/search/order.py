@@ -15,23 +15,25 @@ from mirage_jax.mugraph import ONE_LAUNCH, MuGraph
 
 def timing_order(mugraphs: Sequence[MuGraph], top: int | None) -> list[tuple[int, MuGraph]]:
     """The µGraphs to lower and time, with their ranks: the cost model's best of each structure
-    first (in the model's order), then the rest, `top` in all (None: all), and beside them the
-    best one-launch form of each structure that has one.
+    first (in the model's order), then the second best of each, and so on, `top` in all (None:
+    all), and beside them the best one-launch form of each structure that has one.
 
     The model ranks tilings of one structure well and different structures less so (on the
     H100, 2026-11-24, a split-KV decode attention it placed fifth ran 3.9 µs against 10.0 for
     its first pick and 7.0 for XLA), so a few timings should see each structure once.
     """
-    seen: set[Any] = set()
-    first: list[int] = []
+    # round robin over structures: every structure's n-th tiling before any (n+1)-th (on the
+    # H100, 2026-11-26, equinox's down projection kept XLA, 4.82 µs against 6.43 for the best
+    # µGraph timed, once two new structures took the places of the loop-free tilings that had
+    # won it at 4.03 µs in an earlier run)
+    nth: dict[Any, int] = {}
+    rounds: list[tuple[int, int]] = []
     for k, g in enumerate(mugraphs):
         key = g.meta.get("structure", k)
-        if key not in seen:
-            seen.add(key)
-            first.append(k)
-    seen_ranks = set(first)
-    rest = [k for k in range(len(mugraphs)) if k not in seen_ranks]
-    order = first + rest
+        nth[key] = nth.get(key, -1) + 1
+        rounds.append((nth[key], k))
+    order = [k for _, k in sorted(rounds)]
+    first = [k for n, k in rounds if n == 0]
     if top is not None:  # timed: none the model puts far behind its best (a one-block GEMV)
         costs = [(mugraphs[k].meta.get("cost") or {}).get("us") for k in order]
         best = min((c for c in costs if c is not None), default=None)
@@ -43,6 +45,10 @@ def timing_order(mugraphs: Sequence[MuGraph], top: int | None) -> list[tuple[int
         order = [k for k in order if k in counted or (k in one and k in first)]
     return [(k, mugraphs[k]) for k in order]
 
+
+TIME_TOP = 6
+"""How many µGraphs of a region `select` times by default (and the search confirms at full
+size): the first two rounds of three structures, or one of each of six."""
 
 FAR_BEHIND = 8.0
 """`timing_order` times no µGraph estimated slower than this multiple of the best estimate:
