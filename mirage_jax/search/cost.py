@@ -33,7 +33,9 @@ norm + GEMM of 8 rows, N=2816, loop-free) tiles of 32, 16 and 8 columns ran 6.9,
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -115,13 +117,15 @@ def _op_sfu(op: str, out_tile) -> int:
     return spec.search.sfu * math.prod(_pad(n) for n in out_tile)
 
 
-def _row_waste(tile, b, device: Device) -> float:
+def _row_waste(tile, b, device: Device, axis: int = -1) -> float:
     """How many more bytes than its tile a block moves when the tile's rows are narrower
     than the memory's line (`Device.line_bytes`): a slice of each row of a wider row-major
-    tensor. Softened by `Device.line_share` (neighbouring blocks find part of the rest in L2)."""
-    if not tile or tile[-1] >= b.shape[-1]:
+    tensor. Softened by `Device.line_share` (neighbouring blocks find part of the rest in L2).
+    `axis`: the tile's axis that is contiguous in memory (the last, unless the kernel reads
+    the tensor through a view of the array as it is stored)."""
+    if not tile or tile[axis] >= b.shape[axis]:
         return 1.0  # whole rows: consecutive rows are contiguous
-    row = tile[-1] * np.dtype(b.dtype).itemsize
+    row = tile[axis] * np.dtype(b.dtype).itemsize
     return max(1.0, device.line_bytes / max(1, row)) ** device.line_share
 
 
@@ -151,9 +155,15 @@ def _memory_use(loop_bytes: int, smem: int, loop: int, device: Device) -> tuple[
     return min(1.0, (device.loop_tile_bytes / max(1, loop_bytes)) ** 0.5), resident
 
 
-def estimate(g: MuGraph, device: Device = H100) -> Cost:
-    """The estimated device time of µGraph `g` (see the module docstring)."""
+def estimate(
+    g: MuGraph, device: Device = H100, contiguous: Mapping[int, int] | None = None
+) -> Cost:
+    """The estimated device time of µGraph `g` (see the module docstring); `contiguous`:
+    µGraph input position -> its axis that is contiguous in memory, for inputs a kernel reads
+    through a view of the array as the function stores it (`stored_axes`)."""
     shapes = g.shapes
+    position = {i: k for k, i in enumerate(g.inputs)}
+    contiguous = contiguous or {}
     total_s = 0.0
     total_b = 0
     total_f = 0
@@ -180,7 +190,9 @@ def estimate(g: MuGraph, device: Device = H100) -> Cost:
         per_block = 0
         loop_bytes = 0
         for k, b in enumerate(bg.inputs):
-            t_bytes = int(_nbytes(info.tiles[k], b.dtype) * _row_waste(info.tiles[k], b, device))
+            axis = contiguous.get(position.get(op.args[k][0], -1), -1)
+            waste = _row_waste(info.tiles[k], b, device, axis)
+            t_bytes = int(_nbytes(info.tiles[k], b.dtype) * waste)
             per_block += t_bytes * (loop if b.forloop_dim is not None else 1)
             loop_bytes += t_bytes if b.forloop_dim is not None else 0
         for o in bg.outputs:
@@ -212,3 +224,19 @@ def estimate(g: MuGraph, device: Device = H100) -> Cost:
         total_s -= device.launch_s * (len(grouped) - 1)
         kernels -= len(grouped) - 1
     return Cost(total_s, total_b, total_f, kernels, tuple(blocks_list))
+
+
+def stored_axes(program: Any) -> dict[int, int]:
+    """Region input position -> its axis that is contiguous in memory, for the inputs a
+    kernel reads in place through a view (`lax_ir.views.input_view`: a weight stored as W and
+    read as Wᵀ, a KV cache read per head); the others are row-major as they are."""
+    from lax_ir.views import input_view
+
+    interface = program.meta.get("interface")
+    out: dict[int, int] = {}
+    for k, (pos, ops) in enumerate(interface["inputs"] if interface else ()):
+        got = input_view(interface["shapes"][pos], ops)
+        if got is not None:
+            perm = got[1]
+            out[k] = perm.index(len(perm) - 1)
+    return out

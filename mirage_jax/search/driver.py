@@ -483,13 +483,14 @@ def _instances(problem: Problem, s: Structure, target: Target, device, keep: int
     the best instance per (blocks, per-iteration tile bytes) class, powers of two apart.
     """
     best: dict[tuple, tuple] = {}
+    contiguous = cost_model.stored_axes(problem.program)
     for nums in numbers_for(s, problem.sizes, max_blocks=target.max_blocks):
         try:
             g = instantiate(s, problem.program.input_avals, problem.sizes, nums)
             validate(g, target)
         except MuGraphError:
             continue
-        c = cost_model.estimate(g, device)
+        c = cost_model.estimate(g, device, contiguous)
         cls = (tuple(max(0, b).bit_length() for b in c.blocks), _loop_tile_class(g))
         cand = (c.seconds, g.canonical_hash, g, c, nums)
         if cls not in best or cand[:2] < best[cls][:2]:
