@@ -361,3 +361,21 @@ def test_the_function_checks_of_one_program_share_their_input_draws():
     assert F._drawn(p, 0) is not first  # another program's draw dropped it
     F.forget_draws()
     assert F._DRAWS == {}
+
+
+def test_cost_model_reads_a_viewed_weight_along_its_stored_rows() -> None:
+    """A GEMV tile of 4 columns over the whole K is narrow rows of a (K, N) weight, but whole
+    rows of one stored (N, K) and read as its transpose (equinox): the cost model charges the
+    view's tile less (`cost.stored_axes` gives the contiguous axis)."""
+    from mirage_jax.mugraph import BlockGraphBuilder, MuGraphBuilder
+    from mirage_jax.search.cost import estimate
+
+    b = BlockGraphBuilder(grid=(256,), forloop_range=1)
+    x = b.input((1, 2816), "float16", imap=(None,))
+    w = b.input((2816, 1024), "float16", imap=(1,))
+    b.output(b.op("accum_sum", b.op("matmul", x, w)), (1,))
+    mb = MuGraphBuilder()
+    ins = [mb.input((1, 2816), "float16"), mb.input((2816, 1024), "float16")]
+    g = mb.build(mb.graph_defined(ins, b.build()))
+    row_major, viewed = estimate(g), estimate(g, contiguous={1: 0})
+    assert viewed.bytes < row_major.bytes and viewed.seconds < row_major.seconds
