@@ -70,8 +70,9 @@ def search_region(
 
     `mirage_jax.select` chooses: each candidate is verified again at full size (the
     record keeps the output matching) and must pass a float64 check (`FLOAT_TOL`). On a GPU
-    the top `time_top` (option, default `order.TIME_TOP`) are timed against XLA, which wins ties. Without a
-    GPU (pallas-interpret, reference) nothing is timed: the cost model's best that passes wins.
+    the top `time_top` (option, default `order.TIME_TOP`) are timed against XLA, which wins
+    ties. Without a GPU (pallas-interpret, reference) nothing is timed: the cost model's best
+    that passes wins.
     With the region's own input `avals` (shape, dtype), a region with layout steps at its
     interface is timed as its function calls it: those steps included (`select.InContext`).
     `searched`: the search already started by `SearchAhead` (its result is selected from).

@@ -720,29 +720,36 @@ def test_split_k_into_a_non_power_of_two_number_of_parts(backend):
     _check_gemm(program, split[0], backend)
 
 
-def _gemm_searched(k: int, n: int):
-    """The region of `x @ w` (8 rows, fp16) and its search, many numbers kept per structure."""
+@functools.cache
+def _gemm_searched(k: int, n: int, residual: bool = False):
+    """The region of `x @ w` (8 rows, fp16), or of `r + x @ w` with `residual`, and its
+    search, many numbers kept per structure."""
     import lax_ir
     from mirage_jax.search import Budget, search
 
-    def f(x, w):
-        return x @ w
-
-    specs = (
+    specs = [
         jax.ShapeDtypeStruct((8, k), jnp.float16),
         jax.ShapeDtypeStruct((k, n), jnp.float16),
-    )
+    ]
+    if residual:
+        specs.append(jax.ShapeDtypeStruct((8, n), jnp.float16))
+
+    def f(x, w, *r):
+        return r[0] + x @ w if r else x @ w
+
     program = lax_ir.partition(lax_ir.capture(f, *specs)).regions[0].program
     res = search(program, budget=Budget(time_s=60, results=64, numbers_per_structure=8), seed=0)
     return program, res
 
 
 def _check_gemm(program, g, backend: str) -> None:
-    """`g` lowered (interpret mode) gives `x @ w` on the program's random inputs."""
+    """`g` lowered (interpret mode) gives `x @ w` (`r + x @ w` where the region has a third
+    input) on the program's random inputs."""
     from mirage_jax.select import random_inputs
 
     xs = random_inputs(program, 0)
-    ref = np.asarray(xs[0], np.float32) @ np.asarray(xs[1], np.float32)
+    x, w, *r = (np.asarray(a, np.float32) for a in xs)
+    ref = r[0] + x @ w if r else x @ w
     out = lower(g, backend=backend, interpret=True)(*xs)[0]
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-3)
 
@@ -777,22 +784,6 @@ def test_split_k_that_also_splits_n(backend):
     _check_gemm(program, both[0], backend)
 
 
-@functools.cache
-def _residual_gemm_searched():
-    """The region of `r + x @ w` (8 rows, fp16) and its search."""
-    import lax_ir
-    from mirage_jax.search import Budget, search
-
-    specs = (
-        jax.ShapeDtypeStruct((8, 256), jnp.float16),
-        jax.ShapeDtypeStruct((256, 64), jnp.float16),
-        jax.ShapeDtypeStruct((8, 64), jnp.float16),
-    )
-    program = lax_ir.partition(lax_ir.capture(lambda x, w, r: r + x @ w, *specs)).regions[0]
-    res = search(program.program, budget=Budget(time_s=60, results=64), seed=0)
-    return program.program, res
-
-
 @pytest.mark.parametrize("backend", ["pallas", "triton"])
 @pytest.mark.parametrize("form", ["loop", "split"])
 def test_gemm_with_a_residual_loops_over_k_and_splits_k(backend, form):
@@ -800,9 +791,7 @@ def test_gemm_with_a_residual_loops_over_k_and_splits_k(backend, form):
     blocks with a combining kernel that loops over the partial sums: both read the residual
     after their loop (`accum_keep`); the search finds both, verified, and they lower to the
     right values."""
-    from mirage_jax.select import random_inputs
-
-    program, res = _residual_gemm_searched()
+    program, res = _gemm_searched(256, 64, residual=True)
 
     def wanted(g) -> bool:
         kernels = [op.block_graph for op in g.ops if op.block_graph is not None]
@@ -813,7 +802,4 @@ def test_gemm_with_a_residual_loops_over_k_and_splits_k(backend, form):
 
     found = [g for g in res.mugraphs if wanted(g)]
     assert found, res.structures
-    xs = random_inputs(program, 0)
-    x, w, r = (np.asarray(a, np.float32) for a in xs)
-    out = lower(found[0], backend=backend, interpret=True)(*xs)[0]
-    np.testing.assert_allclose(np.asarray(out, np.float32), r + x @ w, rtol=2e-2, atol=2e-3)
+    _check_gemm(program, found[0], backend)

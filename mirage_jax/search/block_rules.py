@@ -190,7 +190,7 @@ class BlockRules:
             # GEMM that loops over K); without a loop `accum_sum` already says it
             if L is None or args[0] >= len(self.inputs) or x.partial or x.shift or x.shifted:
                 return "accumulator"
-            if any(lab == L or (is_stack(lab) and lab[2] == L) for lab in x.labels):
+            if self.mapping.fmap(x.labels) is not None:  # the loop walks it
                 return "accumulator"
             return BT(x.term, x.tile, x.labels, True)
         if name == "accum_max":

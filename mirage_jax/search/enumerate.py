@@ -96,7 +96,7 @@ class BlockEnumerator(BlockRules):
             `accum_sum` without a loop may meet accumulated tensors in a binary op (a GEMM's
             rows divided by a norm the kernel accumulates).
         optional: positions of inputs a closed graph may leave unused (a split-K kernel leaves
-            the residual to its combining kernel, which may also read the region's inputs).
+            the residual to its combining kernel, which adds it after its loop).
     """
 
     def __init__(
