@@ -143,9 +143,16 @@ def _binary(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Callable[..., ja
     return lambda ctx, a, b: fn(_f32(a), _f32(b))
 
 
+def squared(ctx: OpCtx, v: jax.Array) -> jax.Array:
+    """v·v of an fp32 value, rounded to the op's `sq_dtype` where it has one (as the op's
+    meaning: inf where the program's 16-bit square overflows)."""
+    dtype = ctx.params.get("sq_dtype")
+    return v * v if not dtype else (v * v).astype(dtype).astype(F32)
+
+
+registry.add(BACKEND, "square", lambda ctx, x: squared(ctx, _f32(x)))
 for _name, _fn in {
     "exp": fast_exp,
-    "square": lambda x: x * x,
     "sqrt": jnp.sqrt,
     "sigmoid": _sigmoid,
     "silu": lambda x: x * _sigmoid(x),
@@ -236,7 +243,7 @@ def _reduce_max(ctx: OpCtx, x: jax.Array) -> jax.Array:
 @registry.register(BACKEND, "rms_norm")
 def _rms_norm(ctx: OpCtx, x: jax.Array) -> jax.Array:
     x = _f32(x)
-    ss = jnp.sum(ctx.masked(x * x, 0, (-1,), 0), axis=-1, keepdims=True)
+    ss = jnp.sum(ctx.masked(squared(ctx, x), 0, (-1,), 0), axis=-1, keepdims=True)
     return x / jnp.sqrt(ss / np.float32(ctx.arg_tile(0)[-1]) + ctx.eps)
 
 
@@ -245,7 +252,7 @@ def _layer_norm(ctx: OpCtx, x: jax.Array) -> jax.Array:
     x = _f32(x)
     n = np.float32(ctx.arg_tile(0)[-1])
     c = x - jnp.sum(ctx.masked(x, 0, (-1,), 0), axis=-1, keepdims=True) / n
-    ss = jnp.sum(ctx.masked(c * c, 0, (-1,), 0), axis=-1, keepdims=True)
+    ss = jnp.sum(ctx.masked(squared(ctx, c), 0, (-1,), 0), axis=-1, keepdims=True)
     return c / jnp.sqrt(ss / n + ctx.eps)
 
 
@@ -295,7 +302,7 @@ registry.add(
     "accum_rms_last",
     AccumRule(
         _zeros,
-        lambda c, s, x: s + _sum_last(c, _f32(x) * _f32(x)),
+        lambda c, s, x: s + _sum_last(c, squared(c, _f32(x))),
         lambda c, s: jnp.sqrt(s / _count(c) + c.eps),
     ),
 )

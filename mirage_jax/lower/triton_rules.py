@@ -101,6 +101,17 @@ def _shape(pads: tuple[int, ...]) -> str:
 
 
 # ---------------------------------------------------------------------------- block-op rules
+def squared(c: OpCtx, v: str) -> str:
+    """v·v of an fp32 value, rounded to the op's `sq_dtype` where it has one (as the op's
+    meaning: inf where the program's 16-bit square overflows)."""
+    dtype = c.params.get("sq_dtype")
+    return f"({v} * {v})" if not dtype else f"({v} * {v}).to({TL_DTYPES[dtype]}).to(tl.float32)"
+
+
+def _sq(c: OpCtx, x: str) -> str:
+    return squared(c, c.f32(x, 0))
+
+
 def _unary(template: str) -> Callable[..., str]:
     return lambda c, x: template.format(x=f"({c.f32(x, 0)})")
 
@@ -119,8 +130,8 @@ def dtype_const(c: OpCtx, value: float) -> str:
     return repr(rounded(c.dtype, value))
 
 
+registry.add(BACKEND, "square", _sq)
 for _name, _tpl in {
-    "square": "{x} * {x}",
     "sqrt": "tl.sqrt({x})",
     "sigmoid": "tl.sigmoid({x})",
     "silu": "{x} * tl.sigmoid({x})",
@@ -246,7 +257,7 @@ def _reduce_max(c: OpCtx, x: str) -> str:
 def _rms_norm(c: OpCtx, x: str) -> str:
     x32 = c.f32(x, 0)
     last = len(c.pad) - 1
-    ss = f"tl.sum({c.masked(f'{x32} * {x32}', 0, (-1,), '0.0')}, axis={last}, keep_dims=True)"
+    ss = f"tl.sum({c.masked(squared(c, x32), 0, (-1,), '0.0')}, axis={last}, keep_dims=True)"
     return f"{x32} / tl.sqrt({ss} / {float(c.arg_tile(0)[-1])!r} + {c.eps})"
 
 
@@ -257,7 +268,7 @@ def _layer_norm(c: OpCtx, x: str) -> str:
     n = float(c.arg_tile(0)[-1])
     mean = f"tl.sum({c.masked(x32, 0, (-1,), '0.0')}, axis={last}, keep_dims=True) / {n!r}"
     cen = f"({x32} - {mean})"
-    ss = f"tl.sum({c.masked(f'{cen} * {cen}', 0, (-1,), '0.0')}, axis={last}, keep_dims=True)"
+    ss = f"tl.sum({c.masked(squared(c, cen), 0, (-1,), '0.0')}, axis={last}, keep_dims=True)"
     return f"{cen} / tl.sqrt({ss} / {n!r} + {c.eps})"
 
 
@@ -290,11 +301,6 @@ def _todimx(c: OpCtx, x: str) -> str:
     # padded groups (a split into a non-power-of-two number of parts) are masked to zero
     x32 = c.masked(c.f32(x, 0), 0, (-1,), "0.0")
     return f"tl.sum(tl.reshape({x32}, {_shape(split)}), axis={len(pads) - 1})"
-
-
-def _sq(c: OpCtx, x: str) -> str:
-    x32 = c.f32(x, 0)
-    return f"{x32} * {x32}"
 
 
 def _same(c: OpCtx, s: str) -> str:

@@ -76,6 +76,8 @@ class Facts:
         mul_scalars, add_scalars: scalar constants it multiplies or adds by.
         inv_sizes: dimensions whose 1/n a mean over a non-last axis multiplies by.
         eps: the epsilons a norm may add under its square root (None: none).
+        square_dtypes: the 16-bit float dtypes the region squares values in without upcasting
+            first (None: it squares in fp32 or wider), for the norms' `sq_dtype`.
         combine: the vocabulary of a split's combining kernel (partial sums in, results out).
     """
 
@@ -84,6 +86,7 @@ class Facts:
     add_scalars: tuple[float, ...] = ()
     inv_sizes: tuple[int, ...] = ()
     eps: tuple[float | None, ...] = (None,)
+    square_dtypes: tuple[str | None, ...] = (None,)
     combine: bool = False
 
     def has(self, *features: str) -> bool:
@@ -102,6 +105,17 @@ def when(*features: str) -> Offer:
 def eps_params(facts: Facts) -> list[tuple]:
     """One params tuple per epsilon the region's norms may use."""
     return [(("eps", e),) if e else () for e in facts.eps]
+
+
+def square_params(facts: Facts) -> list[tuple]:
+    """One params tuple per dtype the region squares in: `sq_dtype` where a 16-bit float (the
+    square rounds there, and overflows to inf where the program's does), none for fp32."""
+    return [(("sq_dtype", d),) if d else () for d in facts.square_dtypes]
+
+
+def norm_params(facts: Facts) -> list[tuple]:
+    """The params a norm is tried with: each epsilon with each square dtype."""
+    return [tuple(sorted(e + q)) for e in eps_params(facts) for q in square_params(facts)]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ Mirage-specific meanings (chosen to equal how the benchmark functions capture, o
 - rms_norm(x) = x / sqrt(sum(x·x, last) / n) with NO eps (the original's); an optional `eps`
   param (rms_norm, accum_rms_last) adds it under the sqrt: our benchmarks' rms_norm has one,
   and `add_scalar` (x + scalar) spells it where the mean is separate;
+- an optional `sq_dtype` param (square, rms_norm, layer_norm, accum_rms_last) rounds x·x to
+  that 16-bit float, as a program that squares without upcasting does: where its square
+  overflows to inf (|x| > 256 in float16), so does the op's, and the norm of that row is 0;
 - layer_norm(x) = c / sqrt(sum(c·c, last) / n + eps?), c = x − sum(x, last) / n: LayerNorm's
   centring and scaling (gain and bias are separate mul/add ops);
 - counts n are exact fp32 constants, so a mean is sum / n.
@@ -47,7 +50,7 @@ from typing import Any
 
 from mirage_jax.mugraph.opdef import ACC_DTYPE as ACC_DTYPE
 from mirage_jax.mugraph.opdef import Ctx as Ctx
-from mirage_jax.mugraph.opdef import Facts, eps_params, matmul_operand_dtype, when
+from mirage_jax.mugraph.opdef import Facts, matmul_operand_dtype, norm_params, square_params, when
 from mirage_jax.mugraph.opdef import OpDef as OpDef
 from mirage_jax.mugraph.opdef import SearchProps as S
 from mirage_jax.mugraph.opdef import ShapeError as ShapeError
@@ -146,6 +149,14 @@ def _mul_scalar(ctx: Ctx, x: Any) -> Any:
     return ctx.alg.mul(x, const32(ctx, s))
 
 
+def squared(ctx, x):
+    """x·x of an fp32 value, rounded to the op's `sq_dtype` where it has one (the 16-bit float
+    the program squares in: inf where the program's square overflows), back in fp32."""
+    sq = ctx.alg.mul(x, x)
+    dtype = ctx.params.get("sq_dtype")
+    return sq if not dtype else _to_acc(ctx, ctx.alg.convert(sq, dtype))
+
+
 def _plus_eps(ctx, ms):
     """mean(x²) + eps where the op has an `eps` param (the rms of rms_norm with an epsilon)."""
     eps = ctx.params.get("eps")
@@ -225,7 +236,7 @@ def _reduce_max(ctx, a):
 def _rms_norm(ctx, a):
     alg, shape = ctx.alg, ctx.arg_shapes[0]
     x = _to_acc(ctx, a[0])
-    ss = _sum_keep(ctx, alg.mul(x, x), (len(shape) - 1,), shape)
+    ss = _sum_keep(ctx, squared(ctx, x), (len(shape) - 1,), shape)
     rms = alg.unary("sqrt", _plus_eps(ctx, alg.div(ss, ctx.const(shape[-1], ACC_DTYPE))))
     return _from_acc(ctx, alg.div(x, rms))
 
@@ -235,7 +246,7 @@ def _layer_norm(ctx, a):
     x = _to_acc(ctx, a[0])
     n = ctx.const(shape[-1], ACC_DTYPE)
     c = alg.sub(x, alg.div(_sum_keep(ctx, x, (len(shape) - 1,), shape), n))
-    ss = _sum_keep(ctx, alg.mul(c, c), (len(shape) - 1,), shape)
+    ss = _sum_keep(ctx, squared(ctx, c), (len(shape) - 1,), shape)
     return _from_acc(ctx, alg.div(c, alg.unary("sqrt", _plus_eps(ctx, alg.div(ss, n)))))
 
 
@@ -285,7 +296,7 @@ def _accum(reduce_last: bool, finish: Callable | None = None, square: bool = Fal
         x, shape = _full_loop(ctx, _to_acc(ctx, a[0]), ctx.arg_shapes[0])
         axes = (ctx.nb - 1, len(shape) - 1) if reduce_last else (ctx.nb - 1,)
         if square:
-            x = alg.mul(x, x)
+            x = squared(ctx, x)
         s = alg.reshape(alg.reduce_sum(x, axes), ctx.out_shape)
         if finish is not None:
             n = ctx.forloop_range * (shape[-1] if reduce_last else 1)
@@ -351,11 +362,11 @@ def _add_scalars(f: Facts) -> list[tuple]:
 
 
 def _norm_offer(f: Facts) -> list[tuple]:
-    return eps_params(f) if f.has("sqrt", "square", "reduce_sum") else []
+    return norm_params(f) if f.has("sqrt", "square", "reduce_sum") else []
 
 
 def _layer_norm_offer(f: Facts) -> list[tuple]:
-    return eps_params(f) if f.has("sqrt", "square", "reduce_sum", "sub") else []
+    return norm_params(f) if f.has("sqrt", "square", "reduce_sum", "sub") else []
 
 
 def _sum_last_offer(f: Facts) -> list[tuple]:
@@ -367,7 +378,7 @@ def _mean_last_offer(f: Facts) -> list[tuple]:
 
 
 def _rms_last_offer(f: Facts) -> list[tuple]:
-    return eps_params(f) if not f.combine and f.has("sqrt", "square") else []
+    return norm_params(f) if not f.combine and f.has("sqrt", "square") else []
 
 
 def _sub_offer(f: Facts) -> list[tuple]:
@@ -419,8 +430,8 @@ _TABLE = [
         search=S(when("exp"), sfu=1), imports=_names("kn_exp_op", "tb_exp_op"),
     ),
     OpDef(
-        "square", 1, _KB, _EW, _same, elementwise(lambda c, x: c.alg.mul(x, x)), "x·x",
-        search=S(when("square"), scale_result=False),
+        "square", 1, _KB, _EW, _same, elementwise(squared), "x·x (rounded to sq_dtype?)",
+        search=S(lambda f: square_params(f) if f.has("square") else [], scale_result=False),
         imports=_names("kn_square_op", "tb_square_op"),
     ),
     OpDef(

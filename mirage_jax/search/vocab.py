@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mirage_jax.mugraph.opdef import Facts
+from mirage_jax.mugraph.ops import NARROW_FLOATS as NARROW
 from mirage_jax.mugraph.ops import OPS
 
 
@@ -42,9 +43,9 @@ def build_vocabulary(
 ) -> Vocabulary:
     """The block-op vocabulary of a region: what the op records offer for its facts.
 
-    The region's facts (`Facts`: its ops, whether it squares a value, its scalar constants,
-    the epsilons its norms may add, the 1/n of its means over non-last axes) are offered to
-    every record (`SearchProps.offer`). A block `reduce_sum` is offered only over dimensions
+    The region's facts (`Facts`: its ops, whether it squares a value and in which dtype, its
+    scalar constants, the epsilons its norms may add, the 1/n of its means over non-last axes)
+    are offered to every record (`SearchProps.offer`). A block `reduce_sum` is offered only over dimensions
     the program sums over other than the last axis of its operand (a last-axis sum is an
     `accum_*_last`, or inside `rms_norm`), and `reduce_max` only over the dimensions the
     program's softmax shifts are taken over.
@@ -61,11 +62,17 @@ def build_vocabulary(
                 elif ax != len(src) - 1:
                     reduce_dims.add(src[ax])
     features = set(program.op_counts())
-    if any(
-        (n.op == "mul" and n.args[0] == n.args[1]) or (n.op == "integer_pow" and n.param("y") == 2)
+    squares = [
+        n
         for _, n in program.ops()
-    ):
+        if (n.op == "mul" and n.args[0] == n.args[1])
+        or (n.op == "integer_pow" and n.param("y") == 2)
+    ]
+    if squares:
         features.add("square")
+    # a norm squares as the program does: rounded to a 16-bit float where it squares in one
+    square_dtypes = tuple(sorted({n.dtype if n.dtype in NARROW else None for n in squares},
+                                 key=str)) or (None,)  # fmt: skip
     # the 1/n of a mean over a non-last axis (exact when n is a power of two)
     counted = {k for classes, _ in dims.counts.values() for k in classes}
     inv_sizes = tuple(
@@ -77,6 +84,7 @@ def build_vocabulary(
         add_scalars=tuple(scalars["add"]),
         inv_sizes=inv_sizes,
         eps=(None, *(s for s in scalars["add"] if 0 < s < 1e-2)),
+        square_dtypes=square_dtypes,
         combine=combine,
     )
     unary: list[tuple[str, tuple]] = []
