@@ -265,8 +265,8 @@ class MirageJit:
         if run is not None and self.opts.function_check and backends.get(backend).needs_gpu:
             check = self._function_check(program, decisions, asm.fn, backend)
             clock.lap("function_check")
-            # all kernels lost: the subset that wins, if any; all won: without the marginal
-            # ones, if that is faster still (`function_check.best_subset`)
+            # all kernels lost, or their values differ: the subset that wins (and matches),
+            # if any; all won: without the marginal ones, if faster still (`best_subset`)
             suspects = marginal(decisions) if check is not None else []
             if check is not None and (check.choice == "xla" or suspects):
                 kernels = [d.index for d in decisions if d.status == "kernel"]
@@ -277,8 +277,11 @@ class MirageJit:
                     reasons = dict.fromkeys(kernels, check.reason)
                     run = None
                 else:
-                    subset, check, better = kept
-                    why = f"left out by the whole-function check: {check.reason}"
+                    subset, kept_check, better = kept
+                    # values differed with all kernels: the left-out one is why
+                    why = (check if check.mismatch else kept_check).reason
+                    why = f"left out by the whole-function check: {why}"
+                    check = kept_check
                     reasons = {k: why for k in kernels if k not in subset}
                     if better is not None:
                         run = lax_ir.as_function(program, better.fn)

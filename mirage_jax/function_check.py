@@ -230,9 +230,13 @@ def best_subset(
       faster by `KEEP_ALL_TIE`. Otherwise one round of leave-one-out over at most `max_tries`
       kernels, then the set without every kernel whose removal helped; the fastest measured
       set that beats jax.jit wins.
+    - Values differ with all of them (`full.mismatch`: a kernel unfaithful on these inputs,
+      such as one that does not overflow where the program does): one round of leave-one-out
+      over at most `max_tries` kernels; a set without one kernel whose values match and that
+      beats jax.jit may run, the fastest of them.
     `check(subset)` measures (or recalls) one set; None: it could not run. Returns None where
-    no set wins or values differ (`full.mismatch`, or any subset's: no subset is trusted), so
-    all run as XLA.
+    no set wins, where values differ with every set tried, or where a subset's differ while
+    all of them together matched (nothing is trusted then), so all run as XLA.
     """
     everything = frozenset(kernels)
     suspects = [k for k in suspects if k in everything]
@@ -245,8 +249,11 @@ def best_subset(
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
             return everything, full
         return best
-    if full.mismatch is not None or len(everything) < 2 or full.kernels_us is None:
+    if len(everything) < 2 or full.kernels_us is None:
         return None
+    if full.mismatch is not None:  # which kernel? the sets without one, those that match
+        measured = _leave_each_out(everything, sorted(everything)[:max_tries], check)
+        return _fastest(measured)
     if core and core != everything:
         c = check(core)
         if c is not None and c.mismatch is not None:

@@ -600,12 +600,15 @@ def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
     assert selected, "no region had a µGraph to select"
 
 
-@pytest.mark.parametrize(("full_us", "why"), [(10.0, "marginal"), (13.0, "lost")])
+@pytest.mark.parametrize(
+    ("full_us", "why"), [(10.0, "marginal"), (13.0, "lost"), (10.0, "values differ")]
+)
 def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, full_us, why):
     """The wiring of `function_check.best_subset` in `jit`: all kernels together win (10 µs
-    against jax.jit's 12) but one of them is marginal, or they lose (13 µs); without the last
-    kernel the function takes 9 µs, so that kernel is left out, with the reason, and the
-    function still computes what jax.jit does. (Checks faked: no GPU here.)"""
+    against jax.jit's 12) but one of them is marginal, or they lose (13 µs), or their values
+    differ from jax.jit's (the last kernel's fault); without the last kernel the function
+    takes 9 µs, so that kernel is left out, with the reason, and the function still computes
+    what jax.jit does. (Checks faked: no GPU here.)"""
     from types import SimpleNamespace
 
     import mirage_jax.api as api
@@ -622,6 +625,8 @@ def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, f
         kernels = frozenset(d.index for d in decisions if d.status == "kernel")
         asked.append(kernels)
         us = full_us if len(asked) == 1 else (9.0 if len(kernels) == 1 else 14.0)
+        if why == "values differ" and max(asked[0]) in kernels:  # the last kernel's fault
+            return FunctionCheck("xla", us, 12.0, "fake", mismatch="output 0: max error 3")
         return FunctionCheck("kernels" if us < 12.0 else "xla", us, 12.0, "fake")
 
     monkeypatch.setattr(
@@ -639,5 +644,6 @@ def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, f
     left = [d for d in f.last.decisions if "left out by the whole-function check" in d.reason]
     assert len(kernels) == 1 and len(left) == 1, f.last.decisions
     assert left[0].index > kernels[0].index  # the last kernel was the one left out
+    assert why != "values differ" or "values differ" in left[0].reason
     assert f.last.function_check.kernels_us == 9.0
     assert len(asked[0]) == 2

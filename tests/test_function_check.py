@@ -79,9 +79,29 @@ def test_no_subset_when_none_beats_xla_or_values_differ() -> None:
     full = FunctionCheck("xla", 54.0, 50.0, "fake")
     assert best_subset([0, 1], _fake(t, 50.0, []), full) is None
     calls: list = []
-    wrong = FunctionCheck("xla", 40.0, 50.0, "fake", mismatch="output 0: max error 3")
-    assert best_subset([0, 1], _fake(t, 50.0, calls), wrong) is None and calls == []
     assert best_subset([0], _fake(t, 50.0, calls), full) is None and calls == []
+
+
+def test_the_kernel_whose_values_differ_is_found_and_left_out() -> None:
+    """Values differ with all kernels: the sets without one are checked, and the fastest that
+    matches jax.jit and beats it runs; with one kernel, or where every set differs, none."""
+    wrong = FunctionCheck("xla", 40.0, 50.0, "fake", mismatch="output 0: max error 3")
+    good = {frozenset({0, 2}): 44.0}
+
+    def check(subset: frozenset[int]) -> FunctionCheck:
+        calls.append(subset)
+        if 1 in subset:  # kernel 1 is unfaithful: every set with it differs
+            return wrong
+        us = good.get(subset, 60.0)
+        return FunctionCheck("kernels" if us < 50.0 else "xla", us, 50.0, "fake")
+
+    calls: list = []
+    subset, c = best_subset([0, 1, 2], check, wrong)
+    assert subset == frozenset({0, 2}) and c.kernels_us == 44.0 and c.mismatch is None
+    assert sorted(map(sorted, calls)) == [[0, 1], [0, 2], [1, 2]]
+    calls.clear()
+    assert best_subset([1], check, wrong) is None and calls == []
+    assert best_subset([0, 1], lambda s: wrong, wrong) is None
 
 
 def test_a_subset_whose_values_differ_stops_the_search() -> None:
