@@ -232,8 +232,8 @@ def best_subset(
       set that beats jax.jit wins.
     - Values differ with all of them (`full.mismatch`: a kernel unfaithful on these inputs,
       such as one that does not overflow where the program does): one round of leave-one-out
-      over at most `max_tries` kernels; a set without one kernel whose values match and that
-      beats jax.jit may run, the fastest of them.
+      over at most `max_tries` kernels, then the set without every kernel whose removal made
+      the function faster; the fastest set that matches and beats jax.jit runs.
     `check(subset)` measures (or recalls) one set; None: it could not run. Returns None where
     no set wins, where values differ with every set tried, or where a subset's differ while
     all of them together matched (nothing is trusted then), so all run as XLA.
@@ -253,6 +253,7 @@ def best_subset(
         return None
     if full.mismatch is not None:  # which kernel? the sets without one, those that match
         measured = _leave_each_out(everything, sorted(everything)[:max_tries], check)
+        _without_helped(everything, measured, check, full.kernels_us)
         return _fastest(measured)
     if core and core != everything:
         c = check(core)
@@ -306,10 +307,11 @@ def _without_helped(
     check: Callable[[frozenset[int]], FunctionCheck | None],
     full_us: float,
 ) -> None:
-    """Adds to `measured` the set without every kernel whose leaving out helped (two or more)."""
+    """Adds to `measured` the set without every kernel whose leaving out helped (two or more):
+    made the function faster, whether or not that set's values matched (a set is timed either
+    way, and the kernel at fault for different values is then left out too)."""
     helped = {k for k in everything if (c := measured.get(everything - {k})) is not None
-              and c.mismatch is None and c.kernels_us is not None
-              and c.kernels_us < full_us}  # fmt: skip
+              and c.kernels_us is not None and c.kernels_us < full_us}  # fmt: skip
     rest = everything - helped
     if len(helped) > 1 and rest and rest not in measured:
         c = check(rest)

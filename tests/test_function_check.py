@@ -104,6 +104,29 @@ def test_the_kernel_whose_values_differ_is_found_and_left_out() -> None:
     assert best_subset([0, 1], lambda s: wrong, wrong) is None
 
 
+def test_kernels_that_cost_time_go_with_the_one_whose_values_differ() -> None:
+    """Gemma 7B b=8's shape: kernel 1 is unfaithful, kernels 1 and 2 both cost the function
+    time and kernel 4 wins it. Leaving out 1 or 2 each made the function faster (one set with
+    values that differ), so the set without both is checked, and runs."""
+    times = {
+        frozenset({1, 2, 4}): 452.0,
+        frozenset({2, 4}): 440.0,
+        frozenset({1, 4}): 310.0,
+        frozenset({1, 2}): 520.0,
+        frozenset({4}): 296.0,
+    }
+
+    def check(subset: frozenset[int]) -> FunctionCheck:
+        us = times[subset]
+        differ = "output 0: max error 3" if 1 in subset else None
+        return FunctionCheck("kernels" if us < 427.0 and not differ else "xla", us, 427.0,
+                             "fake", mismatch=differ)  # fmt: skip
+
+    full = check(frozenset({1, 2, 4}))
+    subset, c = best_subset([1, 2, 4], check, full)
+    assert subset == frozenset({4}) and c.kernels_us == 296.0
+
+
 def test_a_subset_whose_values_differ_stops_the_search() -> None:
     def check(subset: frozenset[int]) -> FunctionCheck:
         return FunctionCheck("xla", 10.0, 50.0, "fake", mismatch="output 0: max error 1")
