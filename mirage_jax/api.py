@@ -270,6 +270,7 @@ class MirageJit:
             suspects = marginal(decisions) if check is not None else []
             if check is not None and (check.choice == "xla" or suspects):
                 kernels = [d.index for d in decisions if d.status == "kernel"]
+                logger.info("%s: all %d kernels: %s", name, len(kernels), check.reason)
                 kept = self._kept_kernels(
                     program, part, decisions, replacements, backend, check, suspects
                 )
