@@ -144,6 +144,21 @@ def test_timing_order_sees_each_structure_before_a_second_tiling() -> None:
     assert [k for k, _ in timing_order(gs[:2], 4)] == [0, 1]
 
 
+def test_timing_order_takes_structures_that_differ_in_op_order_as_one() -> None:
+    """Two structures whose kernels have the same block ops in another order are one for the
+    round robin: a third, different structure is timed before the second of them."""
+    from types import SimpleNamespace
+
+    from mirage_jax.select import timing_order
+
+    a = "[grid[d2(8),d1(2816)] loop[d0(1024)]: accum_rms_last matmul div silu div mul]"
+    b = "[grid[d2(8),d1(2816)] loop[d0(1024)]: accum_rms_last matmul div div silu mul]"
+    c = "matmul(x2,x0) ; [grid[d2(8),d1(1024)] loop[-]: add accum_sum]"
+    gs = [SimpleNamespace(meta={"structure": s}) for s in (a, b, c)]
+    assert [k for k, _ in timing_order(gs, 2)] == [0, 2]
+    assert [k for k, _ in timing_order(gs, None)] == [0, 2, 1]
+
+
 def test_timing_order_skips_what_the_model_puts_far_behind() -> None:
     """A one-block µGraph estimated 100x the best is not timed; without estimates, all are."""
     from types import SimpleNamespace
