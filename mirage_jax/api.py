@@ -334,14 +334,18 @@ class MirageJit:
         (`function_check.best_subset`; each subset's check cached like the full one)."""
         kernel = {d.index: d for d in decisions if d.status == "kernel"}
         assembled: dict[frozenset[int], Any] = {}
+        name = getattr(self.fn, "__name__", "function")
 
         def check(subset: frozenset[int]) -> FunctionCheck | None:
             asm = assembled[subset] = assemble(program, part, {k: replacements[k] for k in subset})
             if asm.skipped or not asm.substituted:
                 return None
-            return self._function_check(
+            c = self._function_check(
                 program, [kernel[k] for k in subset], asm.fn, backend, xla_us=full.xla_us
             )
+            if c is not None:
+                logger.debug("%s: kernels of regions %s: %s", name, sorted(subset), c.reason)
+            return c
 
         kept = best_subset(sorted(kernel), check, full, suspects=suspects)
         return None if kept is None else (*kept, assembled.get(kept[0]))

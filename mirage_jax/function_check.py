@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -194,6 +196,15 @@ llama nnx b=8, a norm + QKV kernel of 8.27 against 9.34 µs that made the functi
 where the attention kernel alone had made it 42.7)."""
 
 KEEP_ALL_TIE = 0.01
+
+ADD_BACK_S = 3.0
+"""Where all kernels won but the set without the suspects is faster, the suspects (the
+largest region win first) are tried back one at a time until this many seconds have passed
+since the first subset check began: the suspects together can cost the function more than
+each alone (on the H100, 2026-11-26, Llama nnx b=8: four GEMM kernels that each won their
+region made the function 44.70 µs, against 42.67 without all four). A realistic block's check
+takes under a second, a 7B block's about three: there none is added back, and the first call
+keeps to its time."""
 """Where all kernels win, a subset replaces them only if faster by more than this fraction."""
 
 
@@ -217,6 +228,7 @@ def best_subset(
     full: FunctionCheck,
     max_tries: int = 6,
     suspects: Sequence[int] = (),
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[frozenset[int], FunctionCheck] | None:
     """The set of kernels (region indices) to keep, given the check of all of them (`full`).
 
@@ -224,7 +236,9 @@ def best_subset(
     across it); small ones most often (`suspects`, from `marginal`, largest win first). Each
     set measured costs a compile and a timing of the whole function on the first call.
     - All of them won: the set without every suspect is measured, and replaces all only if
-      faster by `KEEP_ALL_TIE`.
+      faster by `KEEP_ALL_TIE`; then, until `ADD_BACK_S` have passed since this started
+      (`clock`), the suspects are added back one at a time, each kept if it makes the
+      function faster by `KEEP_ALL_TIE`.
     - All lost: the set without every suspect first; if it beats jax.jit, the suspects are
       added back one at a time (at most `max_tries`), each kept if it makes the function
       faster by `KEEP_ALL_TIE`. Otherwise one round of leave-one-out over at most `max_tries`
@@ -238,6 +252,7 @@ def best_subset(
     no set wins, where values differ with every set tried, or where a subset's differ while
     all of them together matched (nothing is trusted then), so all run as XLA.
     """
+    started = clock()
     everything = frozenset(kernels)
     suspects = [k for k in suspects if k in everything]
     core = everything - set(suspects)
@@ -248,7 +263,10 @@ def best_subset(
         best = _fastest({core: c}) if c is not None else None
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
             return everything, full
-        return best
+        # the suspects back one at a time, while the checks are cheap (a 7B block's take
+        # seconds each: there the first call keeps to its time)
+        deadline = started + ADD_BACK_S
+        return _added_back(core, best[1], suspects[:max_tries], check, deadline, clock) or best
     if len(everything) < 2 or full.kernels_us is None:
         return None
     if full.mismatch is not None:  # which kernel? the sets without one, those that match
@@ -273,10 +291,14 @@ def _added_back(
     best: FunctionCheck,
     candidates: Sequence[int],
     check: Callable[[frozenset[int]], FunctionCheck | None],
+    deadline: float = math.inf,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[frozenset[int], FunctionCheck] | None:
     """`kept` with each candidate added in turn where it makes the function faster by
-    `KEEP_ALL_TIE` (None: a set's values differ)."""
+    `KEEP_ALL_TIE`, none started after `deadline` (`clock`) (None: a set's values differ)."""
     for k in candidates:
+        if clock() > deadline:
+            break
         c = check(kept | {k})
         if c is None or c.kernels_us is None:
             continue

@@ -151,7 +151,7 @@ def test_a_marginal_kernel_that_costs_the_winning_function_is_left_out() -> None
     full = FunctionCheck("kernels", 37.2, 39.3, "fake")
     subset, c = best_subset([0, 1, 2], _fake(t, 39.3, calls), full, suspects=[2])
     assert subset == frozenset({0, 1}) and c.kernels_us == 35.0
-    assert calls == [frozenset({0, 1})]  # only the suspect was left out
+    assert calls == [frozenset({0, 1}), frozenset({0, 1, 2})]  # left out, then tried back
     # within the tie, all kernels stay
     t = {frozenset({0, 1}): 37.0}
     assert best_subset([0, 1, 2], _fake(t, 39.3, []), full, suspects=[2]) == (
@@ -160,15 +160,40 @@ def test_a_marginal_kernel_that_costs_the_winning_function_is_left_out() -> None
     )
 
 
-def test_where_all_won_the_suspects_cost_one_measurement() -> None:
-    """All kernels won; three are suspects (as for Llama-7B b=1 on the H100, 2026-11-25): the
-    set without all three is the only one measured (each costs a whole-function compile and
-    timing on the first call)."""
+def test_where_all_won_slow_checks_stop_after_the_suspects_are_left_out() -> None:
+    """All kernels won; three are suspects (as for Llama-7B b=1 on the H100, 2026-11-25, where
+    each check is a whole-function compile and timing of seconds): the set without all three
+    is measured, and none is tried back once `ADD_BACK_S` have passed."""
+    from mirage_jax.function_check import ADD_BACK_S
+
     t = {frozenset({0}): 215.0}
     calls: list = []
+    now = [0.0]
+
+    def slow(subset: frozenset[int]) -> FunctionCheck:
+        now[0] += ADD_BACK_S + 1.0  # each check takes more than the whole allowance
+        return _fake(t, 237.4, calls)(subset)
+
     full = FunctionCheck("kernels", 220.4, 237.4, "fake")
-    got = best_subset([0, 2, 6, 7], _fake(t, 237.4, calls), full, suspects=[2, 6, 7])
+    got = best_subset([0, 2, 6, 7], slow, full, suspects=[2, 6, 7], clock=lambda: now[0])
     assert got is not None and got[0] == frozenset({0}) and calls == [frozenset({0})]
+
+
+def test_where_all_won_a_suspect_that_helps_comes_back() -> None:
+    """Llama nnx b=8's shape (H100, 2026-11-26): four GEMM kernels won their regions, but the
+    function is faster without all four; with quick checks they are tried back one at a time
+    and the one that helps stays."""
+    t = {
+        frozenset({3}): 42.67,
+        frozenset({3, 9}): 41.5,  # helps
+        frozenset({3, 9, 0}): 42.3,  # hurts
+        frozenset({3, 9, 8}): 41.6,  # within the tie
+    }
+    calls: list = []
+    full = FunctionCheck("kernels", 44.70, 47.28, "fake")
+    got = best_subset([0, 2, 3, 8, 9], _fake(t, 47.28, calls), full, suspects=[9, 0, 8, 2])
+    assert got is not None and got[0] == frozenset({3, 9}) and got[1].kernels_us == 41.5
+    assert calls[:2] == [frozenset({3}), frozenset({3, 9})] and len(calls) == 5
 
 
 def test_small_cuts_that_cost_together_are_left_out_together() -> None:
