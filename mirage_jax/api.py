@@ -45,6 +45,7 @@ from mirage_jax.function_check import (
     checked,
     forget_draws,
     marginal,
+    region_wins,
 )
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
@@ -347,7 +348,9 @@ class MirageJit:
                 logger.debug("%s: kernels of regions %s: %s", name, sorted(subset), c.reason)
             return c
 
-        kept = best_subset(sorted(kernel), check, full, suspects=suspects)
+        kept = best_subset(
+            sorted(kernel), check, full, suspects=suspects, wins=region_wins(decisions)
+        )
         return None if kept is None else (*kept, assembled.get(kept[0]))
 
     def _function_check(

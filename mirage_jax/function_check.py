@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -198,13 +197,13 @@ where the attention kernel alone had made it 42.7)."""
 KEEP_ALL_TIE = 0.01
 
 ADD_BACK_S = 3.0
-"""Where all kernels won but the set without the suspects is faster, the suspects (the
-largest region win first) are tried back one at a time until this many seconds have passed
-since the first subset check began: the suspects together can cost the function more than
-each alone (on the H100, 2026-11-26, Llama nnx b=8: four GEMM kernels that each won their
-region made the function 44.70 µs, against 42.67 without all four). A realistic block's check
-takes under a second, a 7B block's about three: there none is added back, and the first call
-keeps to its time."""
+"""Where all kernels won, after the set without the suspects, further sets (suspects tried
+back, other kernels left out) are checked while the next one, judged by the last check's
+time, ends within this many seconds of the first subset check's start: the suspects together
+can cost the function more than each alone (on the H100, 2026-11-26, Llama nnx b=8: four GEMM
+kernels that each won their region made the function 44.70 µs, against 42.67 without all
+four). A realistic block's check takes under a second, a 7B block's about three: there no
+further set is checked, and the first call keeps to its time."""
 """Where all kernels win, a subset replaces them only if faster by more than this fraction."""
 
 
@@ -222,6 +221,17 @@ def marginal(decisions: Sequence[Any]) -> list[int]:
     return [k for _, k in sorted(out)]
 
 
+def region_wins(decisions: Sequence[Any]) -> dict[int, float]:
+    """Per kernel (region index): how many µs it beat XLA by on its region alone (where timed)."""
+    out = {}
+    for d in decisions:
+        t = d.timings or {}
+        mine, xla = t.get("mugraph_us"), t.get("xla_us")
+        if d.status == "kernel" and mine is not None and xla is not None:
+            out[d.index] = xla - mine
+    return out
+
+
 def best_subset(
     kernels: Sequence[int],
     check: Callable[[frozenset[int]], FunctionCheck | None],
@@ -229,6 +239,7 @@ def best_subset(
     max_tries: int = 6,
     suspects: Sequence[int] = (),
     clock: Callable[[], float] = time.perf_counter,
+    wins: Mapping[int, float] | None = None,
 ) -> tuple[frozenset[int], FunctionCheck] | None:
     """The set of kernels (region indices) to keep, given the check of all of them (`full`).
 
@@ -236,9 +247,10 @@ def best_subset(
     across it); small ones most often (`suspects`, from `marginal`, largest win first). Each
     set measured costs a compile and a timing of the whole function on the first call.
     - All of them won: the set without every suspect is measured, and replaces all only if
-      faster by `KEEP_ALL_TIE`; then, until `ADD_BACK_S` have passed since this started
-      (`clock`), the suspects are added back one at a time, each kept if it makes the
-      function faster by `KEEP_ALL_TIE`.
+      faster by `KEEP_ALL_TIE`; then, while another check fits in `ADD_BACK_S` since this
+      started (`clock`, judged by the last check's time), the suspects are added back one at
+      a time, and the other kernels left out one at a time (smallest region win first,
+      `wins`), each change kept if it makes the function faster by `KEEP_ALL_TIE`.
     - All lost: the set without every suspect first; if it beats jax.jit, the suspects are
       added back one at a time (at most `max_tries`), each kept if it makes the function
       faster by `KEEP_ALL_TIE`. Otherwise one round of leave-one-out over at most `max_tries`
@@ -253,20 +265,33 @@ def best_subset(
     all of them together matched (nothing is trusted then), so all run as XLA.
     """
     started = clock()
+    took: list[float] = []
+
+    def timed(subset: frozenset[int]) -> FunctionCheck | None:
+        t0 = clock()
+        c = check(subset)
+        took.append(clock() - t0)
+        return c
+
+    def affordable() -> bool:
+        """Another check fits in `ADD_BACK_S` (a 7B block's take seconds each: there the
+        first call keeps to its time)."""
+        return bool(took) and clock() - started + took[-1] <= ADD_BACK_S
+
     everything = frozenset(kernels)
     suspects = [k for k in suspects if k in everything]
     core = everything - set(suspects)
     if full.choice == "kernels":  # all won: one set without the suspects, for a clear gain
         if not suspects or not core or full.kernels_us is None:
             return everything, full
-        c = check(core)
+        c = timed(core)
         best = _fastest({core: c}) if c is not None else None
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
-            return everything, full
-        # the suspects back one at a time, while the checks are cheap (a 7B block's take
-        # seconds each: there the first call keeps to its time)
-        deadline = started + ADD_BACK_S
-        return _added_back(core, best[1], suspects[:max_tries], check, deadline, clock) or best
+            best = (everything, full)
+        else:
+            best = _added_back(core, best[1], suspects[:max_tries], timed, affordable) or best
+        others = sorted(best[0] - set(suspects), key=lambda k: ((wins or {}).get(k, 0.0), k))
+        return _left_out(best, others, timed, affordable)
     if len(everything) < 2 or full.kernels_us is None:
         return None
     if full.mismatch is not None:  # which kernel? the sets without one, those that match
@@ -291,13 +316,12 @@ def _added_back(
     best: FunctionCheck,
     candidates: Sequence[int],
     check: Callable[[frozenset[int]], FunctionCheck | None],
-    deadline: float = math.inf,
-    clock: Callable[[], float] = time.perf_counter,
+    affordable: Callable[[], bool] = lambda: True,
 ) -> tuple[frozenset[int], FunctionCheck] | None:
     """`kept` with each candidate added in turn where it makes the function faster by
-    `KEEP_ALL_TIE`, none started after `deadline` (`clock`) (None: a set's values differ)."""
+    `KEEP_ALL_TIE`, while `affordable()` (None: a set's values differ)."""
     for k in candidates:
-        if clock() > deadline:
+        if not affordable():
             break
         c = check(kept | {k})
         if c is None or c.kernels_us is None:
@@ -307,6 +331,33 @@ def _added_back(
         if c.kernels_us < best.kernels_us * (1.0 - KEEP_ALL_TIE):
             kept, best = kept | {k}, c
     return kept, best
+
+
+def _left_out(
+    best: tuple[frozenset[int], FunctionCheck],
+    candidates: Sequence[int],
+    check: Callable[[frozenset[int]], FunctionCheck | None],
+    affordable: Callable[[], bool],
+) -> tuple[frozenset[int], FunctionCheck]:
+    """`best` (a set and its check) with each candidate left out in turn where that makes the
+    function faster by `KEEP_ALL_TIE` with the same values, while `affordable()`: a kernel
+    that wins its region clearly can still cost the function more across its cut (on the
+    H100, 2026-11-26, Llama nnx b=8's norm + QKV kernel: 7.6 against 9.7 µs alone, and the
+    function 40.42 µs with it, 38.85 without it in an earlier run)."""
+    kept, c = best
+    for k in candidates:
+        if len(kept) < 2 or not affordable():
+            break
+        if k not in kept:
+            continue
+        got = check(kept - {k})
+        if (
+            got is not None and got.mismatch is None and got.choice == "kernels"
+            and got.kernels_us is not None and c.kernels_us is not None
+            and got.kernels_us < c.kernels_us * (1.0 - KEEP_ALL_TIE)
+        ):  # fmt: skip
+            kept, c = kept - {k}, got
+    return kept, c
 
 
 def _leave_each_out(
