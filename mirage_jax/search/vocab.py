@@ -45,10 +45,10 @@ def build_vocabulary(
 
     The region's facts (`Facts`: its ops, whether it squares a value and in which dtype, its
     scalar constants, the epsilons its norms may add, the 1/n of its means over non-last axes)
-    are offered to every record (`SearchProps.offer`). A block `reduce_sum` is offered only over dimensions
-    the program sums over other than the last axis of its operand (a last-axis sum is an
-    `accum_*_last`, or inside `rms_norm`), and `reduce_max` only over the dimensions the
-    program's softmax shifts are taken over.
+    are offered to every record (`SearchProps.offer`). A block `reduce_sum` is offered only
+    over dimensions the program sums over other than the last axis of its operand (a last-axis
+    sum is an `accum_*_last`, or inside `rms_norm`), and `reduce_max` only over the dimensions
+    the program's softmax shifts are taken over.
     """
     reduce_dims, shift_dims = set(), set()
     for _, n in program.ops():
