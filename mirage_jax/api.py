@@ -227,9 +227,14 @@ class MirageJit:
         return self.records[-1] if self.records else None
 
     # ------------------------------------------------------------------ trace time
+    @property
+    def _name(self) -> str:
+        """The function's name, as the log and the records give it."""
+        return getattr(self.fn, "__name__", "function")
+
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
         self.stats.traces += 1
-        name = getattr(self.fn, "__name__", "function")
+        name = self._name
         clock = _Phases()
         try:
             program = _capture(self.fn, args, kwargs)
@@ -335,7 +340,7 @@ class MirageJit:
         (`function_check.best_subset`; each subset's check cached like the full one)."""
         kernel = {d.index: d for d in decisions if d.status == "kernel"}
         assembled: dict[frozenset[int], Any] = {}
-        name = getattr(self.fn, "__name__", "function")
+        name = self._name
 
         def check(subset: frozenset[int]) -> FunctionCheck | None:
             asm = assembled[subset] = assemble(program, part, {k: replacements[k] for k in subset})

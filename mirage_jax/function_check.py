@@ -195,6 +195,7 @@ llama nnx b=8, a norm + QKV kernel of 8.27 against 9.34 µs that made the functi
 where the attention kernel alone had made it 42.7)."""
 
 KEEP_ALL_TIE = 0.01
+"""Where all kernels win, a subset replaces them only if faster by more than this fraction."""
 
 ADD_BACK_S = 3.0
 """Where all kernels won, after the set without the suspects, further sets (suspects tried
@@ -204,7 +205,6 @@ can cost the function more than each alone (on the H100, 2026-11-26, Llama nnx b
 kernels that each won their region made the function 44.70 µs, against 42.67 without all
 four). A realistic block's check takes under a second, a 7B block's about three: there no
 further set is checked, and the first call keeps to its time."""
-"""Where all kernels win, a subset replaces them only if faster by more than this fraction."""
 
 
 def marginal(decisions: Sequence[Any]) -> list[int]:
@@ -289,9 +289,9 @@ def best_subset(
         if best is None or best[1].kernels_us >= full.kernels_us * (1.0 - KEEP_ALL_TIE):
             best = (everything, full)
         else:
-            best = _added_back(core, best[1], suspects[:max_tries], timed, affordable) or best
+            best = _toggled(core, best[1], suspects[:max_tries], timed, affordable) or best
         others = sorted(best[0] - set(suspects), key=lambda k: ((wins or {}).get(k, 0.0), k))
-        return _left_out(best, others, timed, affordable)
+        return _toggled(*best, others, timed, affordable, differ_stops=False)
     if len(everything) < 2 or full.kernels_us is None:
         return None
     if full.mismatch is not None:  # which kernel? the sets without one, those that match
@@ -303,7 +303,7 @@ def best_subset(
         if c is not None and c.mismatch is not None:
             return None
         if c is not None and c.choice == "kernels" and c.kernels_us is not None:
-            return _added_back(core, c, suspects[:max_tries], check)
+            return _toggled(core, c, suspects[:max_tries], check)
     measured = _leave_each_out(everything, sorted(everything)[:max_tries], check)
     if any(c.mismatch is not None for c in measured.values()):
         return None
@@ -311,53 +311,37 @@ def best_subset(
     return _fastest(measured)
 
 
-def _added_back(
+def _toggled(
     kept: frozenset[int],
     best: FunctionCheck,
     candidates: Sequence[int],
     check: Callable[[frozenset[int]], FunctionCheck | None],
     affordable: Callable[[], bool] = lambda: True,
+    differ_stops: bool = True,
 ) -> tuple[frozenset[int], FunctionCheck] | None:
-    """`kept` with each candidate added in turn where it makes the function faster by
-    `KEEP_ALL_TIE`, while `affordable()` (None: a set's values differ)."""
+    """`kept` (its check `best`) with each candidate in turn added where it is out and left
+    out where it is in, each change kept if it makes the function faster by `KEEP_ALL_TIE`,
+    while `affordable()`. A set whose values differ: None where `differ_stops`, else passed
+    over. Leaving a kernel out matters too: one that wins its region clearly can still cost
+    the function more across its cut (on the H100, 2026-11-26, Llama nnx b=8's norm + QKV
+    kernel: 7.6 against 9.7 µs alone, and the function 40.42 µs with it, 38.85 without it in
+    an earlier run)."""
     for k in candidates:
+        trial = kept ^ {k}
+        if not trial:
+            continue
         if not affordable():
             break
-        c = check(kept | {k})
+        c = check(trial)
         if c is None or c.kernels_us is None:
             continue
         if c.mismatch is not None:
-            return None
-        if c.kernels_us < best.kernels_us * (1.0 - KEEP_ALL_TIE):
-            kept, best = kept | {k}, c
-    return kept, best
-
-
-def _left_out(
-    best: tuple[frozenset[int], FunctionCheck],
-    candidates: Sequence[int],
-    check: Callable[[frozenset[int]], FunctionCheck | None],
-    affordable: Callable[[], bool],
-) -> tuple[frozenset[int], FunctionCheck]:
-    """`best` (a set and its check) with each candidate left out in turn where that makes the
-    function faster by `KEEP_ALL_TIE` with the same values, while `affordable()`: a kernel
-    that wins its region clearly can still cost the function more across its cut (on the
-    H100, 2026-11-26, Llama nnx b=8's norm + QKV kernel: 7.6 against 9.7 µs alone, and the
-    function 40.42 µs with it, 38.85 without it in an earlier run)."""
-    kept, c = best
-    for k in candidates:
-        if len(kept) < 2 or not affordable():
-            break
-        if k not in kept:
+            if differ_stops:
+                return None
             continue
-        got = check(kept - {k})
-        if (
-            got is not None and got.mismatch is None and got.choice == "kernels"
-            and got.kernels_us is not None and c.kernels_us is not None
-            and got.kernels_us < c.kernels_us * (1.0 - KEEP_ALL_TIE)
-        ):  # fmt: skip
-            kept, c = kept - {k}, got
-    return kept, c
+        if c.kernels_us < best.kernels_us * (1.0 - KEEP_ALL_TIE):
+            kept, best = trial, c
+    return kept, best
 
 
 def _leave_each_out(
