@@ -242,14 +242,17 @@ def _body(
     order = sorted(
         (t for t in accs if t not in hoisted), key=lambda t: plan.op(t).op != "accum_max"
     )
-    for t in order:
-        op = plan.op(t)
-        args = [f"{p}t{a}" for a in op.args]
+
+    def updated(t: int) -> str:
+        """Accumulator t's update expression (rescaled ones read the running max's)."""
+        args = [f"{p}t{a}" for a in plan.op(t).args]
         if t in plan.shifts:
             big = plan.shifts[t]
             args = [args[0], args[1], f"{p}acc{big}", f"{p}new{big}"]
-        expr = registry.rule(BACKEND, op.op).update(ctx_of(t), f"{p}acc{t}", *args)
-        emit(f"{inner}{p}new{t} = {expr}  # {op.op}")
+        return registry.rule(BACKEND, plan.op(t).op).update(ctx_of(t), f"{p}acc{t}", *args)
+
+    for t in order:
+        emit(f"{inner}{p}new{t} = {updated(t)}  # {plan.op(t).op}")
     for t in order:
         emit(f"{inner}{p}acc{t} = {p}new{t}")
     if F == 1 and not accs:
@@ -264,9 +267,7 @@ def _body(
             if t in need:
                 compute(t, ind + "    ")
         for t in hoisted:
-            args = [f"{p}t{a}" for a in plan.op(t).args]
-            expr = registry.rule(BACKEND, plan.op(t).op).update(ctx_of(t), f"{p}acc{t}", *args)
-            emit(f"{ind}    {p}acc{t} = {expr}  # {plan.op(t).op}")
+            emit(f"{ind}    {p}acc{t} = {updated(t)}  # {plan.op(t).op}")
     emit(f"{ind}# after the loop: finalise the accumulators, the epilogue, the stores")
     for t in accs:
         fin = registry.rule(BACKEND, plan.op(t).op).finalise(ctx_of(t), f"{p}acc{t}")
