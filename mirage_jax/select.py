@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import threading
 import time
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from lax_ir.program import Program
-from mirage_jax.lower.kernel_graph import WARPS
+from mirage_jax.lower.kernel_graph import LOOP_SPLIT, WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.driver import SearchResult
@@ -50,6 +51,22 @@ TUNED_WARPS = 8
 """The alternative to the backends' default of 4 warps that `select(tune_warps=True)` times
 (a [16, 1024] × [1024, 16] fp16 block GEMM: 20.6 µs with 4 warps, 14.9 with 8; H100)."""
 
+FEW_WARPS = 2
+"""The other warps `select(tune_warps=True)` times for every kernel: small decode kernels
+(H100, 2026-11-26, Llama nnx b=8: its norm + QKV one-launch group 7.73 µs with 4 warps, 6.63
+with 2; its o-projection 3.87 and 3.52)."""
+
+SPLIT_PARTS = (2, 4, 8)
+"""The loop splits (`TritonConfig.loop_split`) `select(tune_warps=True)` may time."""
+
+SPLIT_BLOCKS = 4 * 132
+"""... only while a split kernel runs at most this many blocks (four per H100 SM), and at
+most `MAX_SPLITS` of them: a kernel of 64 blocks and 4 loop steps (Llama nnx b=8, norm + QKV)
+ran 10.75 µs whole, 8.03 in 2 parts, 7.04 in 4 (each with its finishing launch); one of 176
+blocks lost 1.4 µs split in 2 (H100, 2026-11-26)."""
+
+MAX_SPLITS = 2
+
 MAX_TUNED_LAUNCHES = 3
 """µGraphs of 2 to this many launches also time each launch alone at `TUNED_WARPS`: kernels
 of one µGraph differ (gqa_stable at b=8: its split-KV kernel runs 18.26 µs with 4 warps and
@@ -65,12 +82,34 @@ def warp_variants(g: MuGraph) -> list[int | tuple[int, ...]]:
     kernels = [i for i, op in enumerate(g.ops) if op.block_graph is not None]
     group = set(g.one_launch())
     launches = [[i] for i in kernels if i not in group] + ([sorted(group)] if group else [])
-    out: list[int | tuple[int, ...]] = [TUNED_WARPS]
+    out: list[int | tuple[int, ...]] = [TUNED_WARPS, FEW_WARPS]
     if 2 <= len(launches) <= MAX_TUNED_LAUNCHES:
         default = KernelConfig().num_warps
         for launch in launches:
             out.append(tuple(TUNED_WARPS if i in launch else default for i in kernels))
     return out
+
+
+def split_variants(g: MuGraph, backend: str) -> list[int]:
+    """The loop splits `select(tune_warps=True)` times the fastest µGraph with: the smallest
+    `MAX_SPLITS` of `SPLIT_PARTS` that the backend can apply to one of its kernels launched
+    alone (`SPLIT_REFUSAL`), each kernel then running at most `SPLIT_BLOCKS` blocks."""
+    from mirage_jax.lower import backends
+    from mirage_jax.lower.kernel_graph import plan
+
+    try:
+        refusal = getattr(backends.get(backend).load(), "SPLIT_REFUSAL", None)
+        plans = plan(g) if refusal is not None else {}
+    except (backends.UnknownBackend, ImportError, LoweringError):
+        return []
+    group = set(g.one_launch())
+    alone = [p for i, p in plans.items() if i not in group]
+    out = []
+    for s in SPLIT_PARTS:
+        split = [p for p in alone if refusal(p, s) is None]
+        if split and max(math.prod(p.grid) for p in split) * s <= SPLIT_BLOCKS:
+            out.append(s)
+    return out[:MAX_SPLITS]
 
 
 @dataclass(frozen=True)
@@ -264,8 +303,10 @@ def select(
             cannot build it) or a verdict of "not equal" raises instead of being dropped.
         context: time XLA and the µGraphs as the function calls the region (`InContext`),
             interface included; the float check stays on the canonical inputs.
-        tune_warps: also time the fastest µGraph with `TUNED_WARPS` warps per block (its
-            meta's `WARPS`, which the lowering reads when given no config) and keep the faster.
+        tune_warps: also time the fastest µGraph with other warps per block (`warp_variants`,
+            its meta's `WARPS`) and with its loops split over the grid (`split_variants`, its
+            meta's `LOOP_SPLIT`), which the lowering reads when given no config; keep the
+            fastest.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
@@ -416,13 +457,21 @@ def select(
     if best is not None and tune_warps and WARPS not in best[1].meta:
         c, order = best_of
         base = best[1]
-        for warps in warp_variants(base):
-            g = MuGraph(base.ops, base.outputs, {**base.meta, WARPS: warps})
-            label = f"{c.label} with {warps} warps"
-            more = attempt(prepare(label, g, (c.verdict, order)))
+        tuned = [(f"{c.label} with {w} warps", {WARPS: w}) for w in warp_variants(base)] + [
+            (f"{c.label} with its loop in {s} parts", {LOOP_SPLIT: s})
+            for s in split_variants(base, backend)
+        ]
+        variants = [
+            (label, MuGraph(base.ops, base.outputs, {**base.meta, **m})) for label, m in tuned
+        ]
+        threads = max(1, min(int(compile_threads), len(variants)))
+        with concurrent.futures.ThreadPoolExecutor(threads, "mirage_jax-tune") as pool:
+            ready = list(pool.map(lambda lg: prepare(lg[0], lg[1], (c.verdict, order)), variants))
+        for p in ready:
+            more = attempt(p)
             contenders.append(more)
             if not more.error and more.us < best[0]:
-                best = (more.us, g)
+                best = (more.us, more.mugraph)
     if late and best is not None and xla_us is not None and best[0] < xla_us * (1.0 - tie):
         best = _verify_fastest(contenders, program, verify_trials, seed, phase, xla_us * (1 - tie))
     _log(program, contenders)

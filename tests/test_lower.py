@@ -564,7 +564,7 @@ def test_no_retiling_when_the_split_changes_the_meaning():
 
 
 def test_sequential_batching_runs_the_kernel_unbatched_under_vmap():
-    from mirage_jax.lower.triton import sequential_batching
+    from mirage_jax.lower.triton_runtime import sequential_batching
 
     seen = []
 
@@ -688,11 +688,14 @@ def test_warps_measured_by_select_reach_the_kernels(monkeypatch):
 
 
 def test_select_tunes_the_warps_of_each_launch_of_a_few():
-    """`select(tune_warps=True)` times every kernel at 8 warps, then each launch alone."""
-    from mirage_jax.select import TUNED_WARPS, warp_variants
+    """`select(tune_warps=True)` times every kernel at 8 and at 2 warps, then each launch
+    alone at 8."""
+    from mirage_jax.select import FEW_WARPS, TUNED_WARPS, warp_variants
 
-    assert warp_variants(matmul_graph()) == [TUNED_WARPS, (TUNED_WARPS, 4), (4, TUNED_WARPS)]
-    assert warp_variants(elementwise_graph()) == [TUNED_WARPS]  # one kernel
+    assert warp_variants(matmul_graph()) == [
+        TUNED_WARPS, FEW_WARPS, (TUNED_WARPS, 4), (4, TUNED_WARPS)
+    ]  # fmt: skip
+    assert warp_variants(elementwise_graph()) == [TUNED_WARPS, FEW_WARPS]  # one kernel
     # the cache keeps them: the µGraph's JSON stores lists of scalars in its meta
     from mirage_jax.lower.kernel_graph import WARPS, kernel_warps
     from mirage_jax.mugraph import MuGraph

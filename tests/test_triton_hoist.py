@@ -1,7 +1,7 @@
 """A norm fused into the GEMM after it: its statistics are summed in a loop of their own.
 
 In the dots' loop, the sum of squares of the GEMM's input kept the loads from pipelining (H100,
-2026-11-26: 10.75 µs, 7.17 in a loop of its own); `triton.hoisted_statistics` decides, and the
+2026-11-26: 10.75 µs, 7.17 in a loop of its own); `triton_hoist.hoisted_statistics` decides, and the
 values must not change.
 """
 
@@ -16,7 +16,8 @@ import numpy as np
 
 import lax_ir
 from mirage_jax.lower import lower, plan
-from mirage_jax.lower.triton import TritonConfig, hoisted_statistics, kernel_source
+from mirage_jax.lower.triton import TritonConfig, kernel_source
+from mirage_jax.lower.triton_hoist import hoisted_statistics
 from mirage_jax.search import Budget, search
 from mirage_jax.select import random_inputs
 

@@ -29,6 +29,10 @@ from mirage_jax.mugraph.evaluate import apply_kernel_op
 WARPS = "num_warps"
 """µGraph meta key: warps per block for kernels lowered with no config (`select` times them)."""
 
+LOOP_SPLIT = "loop_split"
+"""µGraph meta key: the parts a kernel's loop is split into over the grid, for kernels lowered
+with no config by a backend that can (`TritonConfig.loop_split`; `select` times them)."""
+
 
 def kernel_warps(mugraph: MuGraph, plans: Mapping[int, Any]) -> dict[int, int]:
     """Kernel op index -> the warps per block that `select` measured best (the meta's `WARPS`:
@@ -152,6 +156,12 @@ def lower(
         i: dataclasses.replace(config, num_warps=w)
         for i, w in (kernel_warps(mugraph, plans) if tuned else {}).items()
     }
+    split = mugraph.meta.get(LOOP_SPLIT, 1) if tuned else getattr(config, "loop_split", 1)
+    refusal = getattr(mod, "SPLIT_REFUSAL", None)
+    if refusal is not None and split > 1:  # a split loop where the plan allows it
+        for i, p in plans.items():
+            s = split if refusal(p, split) is None else 1
+            configs[i] = dataclasses.replace(configs.get(i, config), loop_split=s)
     if interpret is None:
         interpret = b.interpret or jax.default_backend() == "cpu"
     avals = mugraph.input_avals

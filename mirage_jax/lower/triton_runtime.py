@@ -1,5 +1,5 @@
 """Generated Triton source on disk and at run time: the source cache, loading a kernel from it,
-and running a kernel in Triton's interpreter on host arrays (CPU tests)."""
+launching it (jax-triton, or Triton's interpreter on host arrays for CPU tests)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import hashlib
 import importlib.util
 import os
 import pathlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+
+from mirage_jax.lower.registry import LoweringError
 
 _MODULES: dict[str, Any] = {}
 
@@ -108,3 +112,84 @@ def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray) -> Non
                     rewritten(*args)
     finally:
         scope.restore()
+
+
+def launcher(
+    name: str,
+    source: str,
+    out_shape: list[jax.ShapeDtypeStruct],
+    grid: tuple[int, ...],
+    num_warps: int,
+    stages: int,
+    interpret: bool,
+    where: str,
+) -> Callable[..., list[jax.Array]]:
+    """A function of a generated kernel's inputs launching it over `grid` with `num_warps`
+    warps and `stages` pipelining stages (jax-triton on a GPU; Triton's interpreter through
+    `jax.pure_callback` with `interpret`), its outputs `out_shape`; with a vmap rule
+    (`sequential_batching`)."""
+    try:
+        fn = load_kernel(name, source)
+    except ImportError as e:
+        raise LoweringError(
+            f"{where}: the triton backend needs the `triton` package: {e}"
+        ) from None
+    if interpret:
+
+        def host(*xs: np.ndarray) -> list[np.ndarray]:
+            ins = [np.ascontiguousarray(np.asarray(x)) for x in xs]
+            outs = [np.full(o.shape, np.nan, o.dtype) for o in out_shape]
+            interpret_kernel(fn, grid, *ins, *outs)
+            return outs
+
+        def kernel(*xs: jax.Array) -> list[jax.Array]:
+            return list(jax.pure_callback(host, out_shape, *xs))
+
+        return sequential_batching(kernel)
+    try:
+        import jax_triton as jt
+    except ImportError as e:
+        raise LoweringError(
+            f"{where}: the triton backend needs jax-triton 0.3.1 (with triton 3.6) on a GPU: {e}"
+        ) from None
+
+    def kernel(*xs: jax.Array) -> list[jax.Array]:
+        return list(
+            jt.triton_call(
+                *xs,
+                kernel=fn,
+                out_shape=out_shape,
+                grid=grid,
+                num_warps=num_warps,
+                num_stages=stages,
+                name=name,
+            )
+        )
+
+    return sequential_batching(kernel)  # jax-triton's custom call has no batching rule
+
+
+def sequential_batching(kernel: Callable[..., Sequence[jax.Array]]) -> Callable[..., list]:
+    """`kernel` with a vmap rule that runs it once per batch element (`lax.map`).
+
+    For kernels whose primitive cannot be batched (jax-triton's `triton_call`): under `vmap`
+    the kernel still runs, element by element, over the batched arguments; the unbatched ones
+    are closed over, not broadcast.
+    """
+
+    @jax.custom_batching.custom_vmap
+    def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(kernel(*xs))
+
+    @call.def_vmap
+    def rule(axis_size: int, in_batched: Sequence[bool], *xs: jax.Array):
+        batched = tuple(x for x, b in zip(xs, in_batched) if b)
+
+        def one(row: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            it = iter(row)
+            return call(*[next(it) if b else x for x, b in zip(xs, in_batched)])
+
+        outs = jax.lax.map(one, batched)
+        return outs, tuple(True for _ in outs)
+
+    return lambda *xs: list(call(*xs))

@@ -1,0 +1,154 @@
+"""A kernel's loop split over the grid (`TritonConfig.loop_split`): two launches, same values.
+
+The partial launch walks F/S of the loop's steps in S times the blocks and stores its raw
+accumulators; the finishing launch sums them and runs the epilogue (`triton_split`). Run in
+Triton's interpreter on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+
+from mirage_jax.lower import LoweringError, TritonConfig, lower, plan
+from mirage_jax.lower import triton as tr
+from mirage_jax.lower.kernel_graph import LOOP_SPLIT
+from mirage_jax.lower.triton_split import split_refusal
+from mirage_jax.mugraph import BlockGraphBuilder, MuGraph, MuGraphBuilder, evaluate_reference
+from mirage_jax.select import split_variants
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def norm_gemm_graph(dtype="float16"):
+    """r + (x * g) @ w / rms(x), looping over K in 4 steps: a dot's sum, the norm's sum of
+    squares and a loop-invariant residual (`accum_keep`); 2 blocks over N."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=4)
+    x = b.input((8, 128), dtype, imap=(None,), forloop_dim=1)
+    g = b.input((1, 128), dtype, imap=(None,), forloop_dim=1)
+    w = b.input((128, 64), dtype, imap=(1,), forloop_dim=0)
+    r = b.input((8, 64), dtype, imap=(1,))
+    acc = b.op("accum_sum", b.op("matmul", b.op("mul", x, g), w))
+    rms = b.op("accum_rms_last", x, eps=1e-6)
+    b.output(b.op("add", b.op("div", acc, rms), b.op("accum_keep", r)), (1,))
+    mb = MuGraphBuilder()
+    ins = [mb.input((8, 128), dtype), mb.input((1, 128), dtype)]
+    ins += [mb.input((128, 64), dtype), mb.input((8, 64), dtype)]
+    return mb.build(mb.graph_defined(ins, b.build()), name="norm_gemm")
+
+
+def softmax_graph(dtype="float16"):
+    """Online softmax attention: a running max rescales the sums (not split)."""
+    b = BlockGraphBuilder(grid=(2,), forloop_range=4)
+    q = b.input((2, 16, 16), dtype, imap=(0,))
+    k = b.input((2, 16, 64), dtype, imap=(0,), forloop_dim=2)
+    v = b.input((2, 64, 16), dtype, imap=(0,), forloop_dim=1)
+    s = b.op("matmul", q, k)
+    m = b.op("reduce_max", s, dim=2)
+    big = b.op("accum_max", m)
+    e = b.op("exp", b.op("sub", s, m))
+    den = b.op("accum_rescale_sum_last", e, m, big)
+    num = b.op("accum_rescale_sum", b.op("matmul", e, v), m, big)
+    b.output(b.op("div", num, den), (0,))
+    mb = MuGraphBuilder()
+    ins = [mb.input((2, 16, 16), dtype), mb.input((2, 16, 64), dtype), mb.input((2, 64, 16), dtype)]
+    return mb.build(mb.graph_defined(ins, b.build()), name="softmax")
+
+
+def _inputs(g, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(dtype) for shape, dtype in g.input_avals]
+
+
+def _rel(out, ref):
+    out = np.asarray(out, np.float64)
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The names of the Triton kernels launched (built) while lowering."""
+    names = []
+    real = tr.launcher
+
+    def spy(name, *args, **kwargs):
+        names.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(tr, "launcher", spy)
+    return names
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_a_split_loop_gives_the_values_of_the_whole_loop(splits, launched):
+    g = norm_gemm_graph()
+    xs = _inputs(g)
+    (ref,) = evaluate_reference(g, *xs)
+    (whole,) = lower(g, backend="triton", interpret=True)(*xs)
+    config = TritonConfig(loop_split=splits)
+    (split,) = lower(g, backend="triton", config=config, interpret=True)(*xs)
+    assert _rel(whole, ref) < 5e-3 and _rel(split, ref) < 5e-3
+    np.testing.assert_allclose(np.asarray(split), np.asarray(whole), rtol=2e-3, atol=2e-3)
+    assert [n.rsplit("_", 1)[-1] for n in launched[-2:]] == ["part", "finish"], launched
+
+
+def test_the_sources_of_a_split_kernel():
+    (p,) = plan(norm_gemm_graph()).values()
+    part, finish = tr.generate_split_sources(p, TritonConfig(loop_split=2), "k")
+    assert "def k_part(in0, in1, in2, in3, part0, part1, part2):" in part
+    assert "it = split * 2 + step" in part and "tl.store(part2" in part
+    assert "def k_finish(in0, in1, in2, in3, part0, part1, part2, out0):" in finish
+    assert "for s in tl.static_range(2):" in finish
+    assert "# accum_keep: part 0's" in finish  # a kept value is not summed over the parts
+    assert "for it in" not in finish  # the finishing launch has no loop over K
+
+
+def test_what_cannot_be_split_is_refused_and_lowered_whole(launched):
+    (p,) = plan(norm_gemm_graph()).values()
+    assert split_refusal(p, 2) is None and split_refusal(p, 4) is None
+    assert "does not divide" in split_refusal(p, 3)
+    assert "does not divide" in split_refusal(p, 8)
+    g = softmax_graph()
+    (q,) = plan(g).values()
+    assert "running max" in split_refusal(q, 2)
+    with pytest.raises(LoweringError, match=r"cannot split its loop: .*running max"):
+        tr.build_kernel(q, TritonConfig(loop_split=2), interpret=True, where="softmax")
+    # through `lower`, a kernel that cannot be split runs as one launch
+    xs = _inputs(g)
+    (ref,) = evaluate_reference(g, *xs)
+    launched.clear()
+    (out,) = lower(g, backend="triton", config=TritonConfig(loop_split=2), interpret=True)(*xs)
+    assert _rel(out, ref) < 5e-3 and not any(n.endswith(("_part", "_finish")) for n in launched)
+
+
+def test_the_meta_split_applies_with_no_config_and_select_offers_it(launched):
+    """`select(tune_warps=True)` times the winner with `LOOP_SPLIT` in its meta (2 blocks of 4
+    steps: 2 and 4 parts); the lowering reads it when given no config."""
+    g = norm_gemm_graph()
+    assert split_variants(g, "triton") == [2, 4]
+    assert split_variants(g, "pallas") == []  # the backend cannot split
+    assert split_variants(softmax_graph(), "triton") == []
+    split = MuGraph(g.ops, g.outputs, {**g.meta, LOOP_SPLIT: 4})
+    xs = _inputs(g)
+    (out,) = lower(split, backend="triton", interpret=True)(*xs)
+    (ref,) = evaluate_reference(g, *xs)
+    assert _rel(out, ref) < 5e-3
+    assert [n.rsplit("_", 1)[-1] for n in launched] == ["part", "finish"]
+    with pytest.raises(ValueError, match="loop_split must be >= 1"):
+        dataclasses.replace(TritonConfig(), loop_split=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [2, 4])
+def test_a_split_loop_on_the_gpu(splits):
+    """The two launches through jax-triton on a GPU give the values of the whole loop."""
+    g = norm_gemm_graph()
+    xs = _inputs(g)
+    (ref,) = evaluate_reference(g, *xs)
+    (whole,) = lower(g, backend="triton")(*xs)
+    (split,) = lower(g, backend="triton", config=TritonConfig(loop_split=splits))(*xs)
+    assert _rel(whole, ref) < 5e-3 and _rel(split, ref) < 5e-3
+    np.testing.assert_allclose(np.asarray(split), np.asarray(whole), rtol=2e-3, atol=2e-3)
