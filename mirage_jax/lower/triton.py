@@ -25,7 +25,7 @@ from lax_ir.interface import stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
-from mirage_jax.lower.triton_hoist import hoisted_statistics, main_loop_values
+from mirage_jax.lower.triton_hoist import hoisted_statistics, main_loop_values, preloaded
 from mirage_jax.lower.triton_rules import BACKEND, TL_DTYPES, OpCtx, lane
 from mirage_jax.lower.triton_runtime import launcher
 from mirage_jax.lower.triton_split import (
@@ -265,11 +265,13 @@ def _body(
     is_f32: dict[int, bool] = {}
     it = f"{p}it"
 
-    def load(k: int, indent: str) -> None:
+    def load(k: int, indent: str, at: str | None = None, name: str | None = None) -> None:
+        """Load input k's tile of step `at` (default: the loop's `it`) into `name`."""
         step, mask = access[k]
-        ptr = f"{p}in{k}_ptrs" if step == "0" else f"{p}in{k}_ptrs + {it} * {step}"
+        at = at or it
+        ptr = f"{p}in{k}_ptrs" if step == "0" else f"{p}in{k}_ptrs + ({at}) * {step}"
         m = f", mask={p}in{k}_mask, other=0.0" if mask else ""
-        emit(f"{indent}{p}t{k} = tl.load({ptr}{m})")
+        emit(f"{indent}{name or f'{p}t{k}'} = tl.load({ptr}{m})")
         is_f32[k] = bg.inputs[k].dtype == "float32"
 
     def ctx_of(t: int) -> OpCtx:
@@ -315,6 +317,13 @@ def _body(
         if first is not None:
             emit(f"{indent}    {it} = {first} + {loop_var}")
 
+    preload = bool(hoisted) and preloaded(plan, need, steps, config.num_warps)
+    stats_inputs = [k for k in range(n_in) if k in need]
+    if preload:
+        emit(f"{ind}# the statistics' input tiles of every step, loaded before the main loop")
+        for j in range(steps):
+            for k in stats_inputs:
+                load(k, ind, str(j) if first is None else f"{first} + {j}", f"{p}pre{k}_{j}")
     if F == 1:
         inner = ind
         emit(f"{ind}{it} = 0  # forloop_range 1: no loop")
@@ -347,12 +356,21 @@ def _body(
         emit(f"{inner}{p}acc{t} = {p}new{t}")
     if F == 1 and not accs:
         emit(f"{ind}pass")
-    if hoisted:  # after the dots' loop: its input tiles are in L2 by then
+    if preload:  # summed after the dots' loop, from the tiles loaded before it
+        emit(f"{ind}# the statistics of small inputs, out of the dots' loop")
+        for j in range(steps):
+            for k in stats_inputs:
+                emit(f"{ind}{p}t{k} = {p}pre{k}_{j}")
+            for t in op_ids:
+                if t in need:
+                    compute(t, ind)
+            for t in hoisted:
+                emit(f"{ind}{p}acc{t} = {updated(t)}  # {plan.op(t).op}")
+    elif hoisted:  # after the dots' loop: its input tiles are in L2 by then
         emit(f"{ind}# a loop of its own for the statistics of small inputs (out of the dots' loop)")
         loop_head(ind)
-        for k in range(n_in):
-            if k in need:
-                load(k, ind + "    ")
+        for k in stats_inputs:
+            load(k, ind + "    ")
         for t in op_ids:
             if t in need:
                 compute(t, ind + "    ")
