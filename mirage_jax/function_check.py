@@ -252,8 +252,8 @@ def best_subset(
       a time, and the other kernels left out one at a time (smallest region win first,
       `wins`), each change kept if it makes the function faster by `KEEP_ALL_TIE`.
     - All lost: the set without every suspect first; if it beats jax.jit, the suspects are
-      added back one at a time (at most `max_tries`), each kept if it makes the function
-      faster by `KEEP_ALL_TIE`. Otherwise one round of leave-one-out over at most `max_tries`
+      added back one at a time (at most `max_tries`, while another check fits in
+      `ADD_BACK_S`), each kept if it makes the function faster by `KEEP_ALL_TIE`. Otherwise one round of leave-one-out over at most `max_tries`
       kernels, then the set without every kernel whose removal helped; the fastest measured
       set that beats jax.jit wins.
     - Values differ with all of them (`full.mismatch`: a kernel unfaithful on these inputs,
@@ -299,11 +299,11 @@ def best_subset(
         _without_helped(everything, measured, check, full.kernels_us)
         return _fastest(measured)
     if core and core != everything:
-        c = check(core)
+        c = timed(core)
         if c is not None and c.mismatch is not None:
             return None
         if c is not None and c.choice == "kernels" and c.kernels_us is not None:
-            return _toggled(core, c, suspects[:max_tries], check)
+            return _toggled(core, c, suspects[:max_tries], timed, affordable)
     measured = _leave_each_out(everything, sorted(everything)[:max_tries], check)
     if any(c.mismatch is not None for c in measured.values()):
         return None

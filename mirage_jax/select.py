@@ -67,22 +67,29 @@ blocks lost 1.4 µs split in 2 (H100, 2026-11-26)."""
 
 MAX_SPLITS = 2
 
+SMALL_TUNING_US = 20.0
+"""`FEW_WARPS` and the loop splits are timed only where the fastest µGraph takes at most this
+long: they won on decode kernels of 3-11 µs, and at Llama-7B size (regions of 12-150 µs: 2
+warps within 1% of 4, a split 15% slower) their compiles took the first calls past 60 s
+(H100, 2026-11-26: Gemma 7B b=8 65.3 s, 51.8 s before)."""
+
 MAX_TUNED_LAUNCHES = 3
 """µGraphs of 2 to this many launches also time each launch alone at `TUNED_WARPS`: kernels
 of one µGraph differ (gqa_stable at b=8: its split-KV kernel runs 18.26 µs with 4 warps and
 17.25 with 8, its combining kernel 2.09 and 2.87; H100, `config_probe_gqa_stable_b8`)."""
 
 
-def warp_variants(g: MuGraph) -> list[int | tuple[int, ...]]:
+def warp_variants(g: MuGraph, few: bool = True) -> list[int | tuple[int, ...]]:
     """The warps `select(tune_warps=True)` times the fastest µGraph with, beside the default:
-    `TUNED_WARPS` for every kernel, then, for 2 to `MAX_TUNED_LAUNCHES` launches, for one
-    launch at a time (a tuple per graph-defined kernel, in op order; `kernel_graph.WARPS`)."""
+    `TUNED_WARPS` for every kernel (and `FEW_WARPS`, with `few`), then, for 2 to
+    `MAX_TUNED_LAUNCHES` launches, `TUNED_WARPS` for one launch at a time (a tuple per
+    graph-defined kernel, in op order; `kernel_graph.WARPS`)."""
     from mirage_jax.lower.plan import KernelConfig
 
     kernels = [i for i, op in enumerate(g.ops) if op.block_graph is not None]
     group = set(g.one_launch())
     launches = [[i] for i in kernels if i not in group] + ([sorted(group)] if group else [])
-    out: list[int | tuple[int, ...]] = [TUNED_WARPS, FEW_WARPS]
+    out: list[int | tuple[int, ...]] = [TUNED_WARPS, FEW_WARPS] if few else [TUNED_WARPS]
     if 2 <= len(launches) <= MAX_TUNED_LAUNCHES:
         default = KernelConfig().num_warps
         for launch in launches:
@@ -304,9 +311,9 @@ def select(
         context: time XLA and the µGraphs as the function calls the region (`InContext`),
             interface included; the float check stays on the canonical inputs.
         tune_warps: also time the fastest µGraph with other warps per block (`warp_variants`,
-            its meta's `WARPS`) and with its loops split over the grid (`split_variants`, its
-            meta's `LOOP_SPLIT`), which the lowering reads when given no config; keep the
-            fastest.
+            its meta's `WARPS`) and, if it takes at most `SMALL_TUNING_US`, with its loops
+            split over the grid (`split_variants`, its meta's `LOOP_SPLIT`), which the
+            lowering reads when given no config; keep the fastest.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
@@ -457,9 +464,12 @@ def select(
     if best is not None and tune_warps and WARPS not in best[1].meta:
         c, order = best_of
         base = best[1]
-        tuned = [(f"{c.label} with {w} warps", {WARPS: w}) for w in warp_variants(base)] + [
+        small = best[0] <= SMALL_TUNING_US
+        tuned = [
+            (f"{c.label} with {w} warps", {WARPS: w}) for w in warp_variants(base, few=small)
+        ] + [
             (f"{c.label} with its loop in {s} parts", {LOOP_SPLIT: s})
-            for s in split_variants(base, backend)
+            for s in (split_variants(base, backend) if small else [])
         ]
         variants = [
             (label, MuGraph(base.ops, base.outputs, {**base.meta, **m})) for label, m in tuned

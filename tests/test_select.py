@@ -396,3 +396,26 @@ def test_cost_model_reads_a_viewed_weight_along_its_stored_rows() -> None:
     g = mb.build(mb.graph_defined(ins, b.build()))
     row_major, viewed = estimate(g), estimate(g, contiguous={1: 0})
     assert viewed.bytes < row_major.bytes and viewed.seconds < row_major.seconds
+
+
+def test_a_slow_winner_is_timed_again_with_more_warps_only():
+    """Past `SMALL_TUNING_US`, the winner is tuned with `TUNED_WARPS` alone: 2 warps and loop
+    splits won only on small decode kernels, and their compiles cost 7B blocks their first
+    call's time."""
+    from mirage_jax.lower.kernel_graph import WARPS
+    from mirage_jax.select import SMALL_TUNING_US, TUNED_WARPS
+
+    r = SearchResult((graph(),), "exhausted", {})
+    lowered = []
+
+    def lower(g, backend="pallas"):
+        lowered.append(g.meta.get(WARPS))
+        fn = fake_lower()(g, backend)
+        fn.us = SMALL_TUNING_US + (1.0 if g.meta.get(WARPS) else 5.0)
+        return fn
+
+    def timer(fn, inputs):
+        return getattr(fn, "us", 100.0), "fake"
+
+    sel = select(r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True)
+    assert lowered == [None, TUNED_WARPS] and sel.best.meta[WARPS] == TUNED_WARPS

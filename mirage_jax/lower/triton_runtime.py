@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import os
 import pathlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +36,9 @@ def load_kernel(name: str, source: str) -> Any:
     path = cache_dir() / f"{name}_{key[:8]}.py"
     if not path.exists() or path.read_text() != source:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        # per process and thread: `select` compiles candidates in threads, and two of them
+        # can generate the same source
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(f"mirage_jax_triton_{key[:16]}", path)
