@@ -66,6 +66,7 @@ ran 10.75 µs whole, 8.03 in 2 parts, 7.04 in 4 (each with its finishing launch)
 blocks lost 1.4 µs split in 2 (H100, 2026-11-26)."""
 
 MAX_SPLITS = 2
+"""At most this many loop splits are timed per winner (their compiles cost the first call)."""
 
 SMALL_TUNING_US = 20.0
 """`FEW_WARPS` and the loop splits are timed only where the fastest µGraph takes at most this
@@ -310,10 +311,10 @@ def select(
             cannot build it) or a verdict of "not equal" raises instead of being dropped.
         context: time XLA and the µGraphs as the function calls the region (`InContext`),
             interface included; the float check stays on the canonical inputs.
-        tune_warps: also time the fastest µGraph with other warps per block (`warp_variants`,
-            its meta's `WARPS`) and, if it takes at most `SMALL_TUNING_US`, with its loops
-            split over the grid (`split_variants`, its meta's `LOOP_SPLIT`), which the
-            lowering reads when given no config; keep the fastest.
+        tune_warps: also time the fastest µGraph with 8 warps per block (`warp_variants`, its
+            meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
+            loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); the lowering
+            reads the meta when given no config; keep the fastest.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
