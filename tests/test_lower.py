@@ -690,7 +690,7 @@ def test_warps_measured_by_select_reach_the_kernels(monkeypatch):
 def test_select_tunes_the_warps_of_each_launch_of_a_few():
     """`select(tune_warps=True)` times every kernel at 8 and at 2 warps, then each launch
     alone at 8."""
-    from mirage_jax.select import FEW_WARPS, TUNED_WARPS, warp_variants
+    from mirage_jax.tuning import FEW_WARPS, TUNED_WARPS, warp_variants
 
     assert warp_variants(matmul_graph()) == [
         TUNED_WARPS, FEW_WARPS, (TUNED_WARPS, 4), (4, TUNED_WARPS)

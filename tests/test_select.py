@@ -94,7 +94,7 @@ def test_the_fastest_is_timed_again_with_other_warps_and_the_fastest_kept():
     lowering reads it), verified once; the fastest form is chosen, and it keeps the winner's
     verdict."""
     from mirage_jax.lower.kernel_graph import WARPS
-    from mirage_jax.select import FEW_WARPS, TUNED_WARPS
+    from mirage_jax.tuning import FEW_WARPS, TUNED_WARPS
 
     p = program()
     r = SearchResult((graph(), graph()), "exhausted", {})
@@ -403,7 +403,7 @@ def test_a_slow_winner_is_timed_again_with_more_warps_only():
     splits won only on small decode kernels, and their compiles cost 7B blocks their first
     call's time."""
     from mirage_jax.lower.kernel_graph import WARPS
-    from mirage_jax.select import SMALL_TUNING_US, TUNED_WARPS
+    from mirage_jax.tuning import SMALL_TUNING_US, TUNED_WARPS
 
     r = SearchResult((graph(),), "exhausted", {})
     lowered = []

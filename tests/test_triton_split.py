@@ -18,7 +18,7 @@ from mirage_jax.lower import triton as tr
 from mirage_jax.lower.kernel_graph import LOOP_SPLIT
 from mirage_jax.lower.triton_split import split_refusal
 from mirage_jax.mugraph import BlockGraphBuilder, MuGraph, MuGraphBuilder, evaluate_reference
-from mirage_jax.select import split_variants
+from mirage_jax.tuning import split_variants
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
