@@ -19,6 +19,7 @@ from mirage_jax.lower.kernel_graph import LOOP_SPLIT
 from mirage_jax.lower.triton_split import split_refusal
 from mirage_jax.mugraph import BlockGraphBuilder, MuGraph, MuGraphBuilder, evaluate_reference
 from mirage_jax.tuning import split_variants
+from tests.test_lower import softmax_graph
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -38,24 +39,6 @@ def norm_gemm_graph(dtype="float16"):
     ins = [mb.input((8, 128), dtype), mb.input((1, 128), dtype)]
     ins += [mb.input((128, 64), dtype), mb.input((8, 64), dtype)]
     return mb.build(mb.graph_defined(ins, b.build()), name="norm_gemm")
-
-
-def softmax_graph(dtype="float16"):
-    """Online softmax attention: a running max rescales the sums (not split)."""
-    b = BlockGraphBuilder(grid=(2,), forloop_range=4)
-    q = b.input((2, 16, 16), dtype, imap=(0,))
-    k = b.input((2, 16, 64), dtype, imap=(0,), forloop_dim=2)
-    v = b.input((2, 64, 16), dtype, imap=(0,), forloop_dim=1)
-    s = b.op("matmul", q, k)
-    m = b.op("reduce_max", s, dim=2)
-    big = b.op("accum_max", m)
-    e = b.op("exp", b.op("sub", s, m))
-    den = b.op("accum_rescale_sum_last", e, m, big)
-    num = b.op("accum_rescale_sum", b.op("matmul", e, v), m, big)
-    b.output(b.op("div", num, den), (0,))
-    mb = MuGraphBuilder()
-    ins = [mb.input((2, 16, 16), dtype), mb.input((2, 16, 64), dtype), mb.input((2, 64, 16), dtype)]
-    return mb.build(mb.graph_defined(ins, b.build()), name="softmax")
 
 
 def _inputs(g, seed=0):
