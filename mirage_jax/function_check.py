@@ -253,9 +253,10 @@ def best_subset(
       `wins`), each change kept if it makes the function faster by `KEEP_ALL_TIE`.
     - All lost: the set without every suspect first; if it beats jax.jit, the suspects are
       added back one at a time (at most `max_tries`, while another check fits in
-      `ADD_BACK_S`), each kept if it makes the function faster by `KEEP_ALL_TIE`. Otherwise one round of leave-one-out over at most `max_tries`
-      kernels, then the set without every kernel whose removal helped; the fastest measured
-      set that beats jax.jit wins.
+      `ADD_BACK_S`), each kept if it makes the function faster by `KEEP_ALL_TIE`.
+      Otherwise one round of leave-one-out over at most `max_tries` kernels, then the set
+      without every kernel whose removal helped; the fastest measured set that beats jax.jit
+      wins.
     - Values differ with all of them (`full.mismatch`: a kernel unfaithful on these inputs,
       such as one that does not overflow where the program does): one round of leave-one-out
       over at most `max_tries` kernels, then the set without every kernel whose removal made
