@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import platform
 import tempfile
@@ -44,8 +45,8 @@ _max_rel = max_rel_error
 """Kept for callers that name it so (`experiments.errors.max_rel_error`)."""
 
 
-def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, str]]:
-    """(key, fn, inputs(seed) -> args, dtype) for every requested program."""
+def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, str, Any]]:
+    """(key, fn, inputs(seed) -> args, dtype, model or None) for every requested program."""
     from experiments import benchmarks
     from experiments import models as M
 
@@ -53,21 +54,29 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, str]]:
     for batch in args.batches:
         for name in benchmarks.names() if args.names is None else args.names:
             bm = benchmarks.get(name, batch)
-            out.append((bm.key, bm.fn, bm.make_inputs, str(np.dtype(bm.inputs[0].dtype))))
+            out.append((bm.key, bm.fn, bm.make_inputs, str(np.dtype(bm.inputs[0].dtype)), None))
     names = M.names() if args.models == ["all"] else (args.models or [])
     for size in args.sizes:
         for batch in args.model_batches:
             for name in names:
                 m = M.get(name, batch=batch, size=size)
-                out.append((f"{m.key}", m.fn, lambda s, m=m: m.make(s).args, str(m.dtype)))
+                out.append((m.key, m.fn, lambda s, m=m: m.make(s).args, str(m.dtype), m))
     return out
 
 
 def measure(
-    key: str, fn: Any, inputs: Any, dtype: str, args: argparse.Namespace, timer: Any = None
+    key: str,
+    fn: Any,
+    inputs: Any,
+    dtype: str,
+    args: argparse.Namespace,
+    timer: Any = None,
+    model: Any = None,
 ) -> dict:
     """One row: `mirage_jax.jit(fn)` (fresh cache, own search) against `jax.jit(fn)`, both timed
-    by `timer` (default `profile.time_trace`; `experiments.real_baselines` reuses this)."""
+    by `timer` (default `profile.time_trace`; `experiments.real_baselines` reuses this); with
+    `args.donate_caches` and a decode `model`, both again with its KV caches donated
+    (`donated`)."""
     import mirage_jax
     from mirage_jax.profile import time_trace
 
@@ -86,6 +95,9 @@ def measure(
         t_jax = timer(ref, inputs, calls=args.calls)
         t_mine = timer(f, inputs, calls=args.calls)
         rec = f.last
+        donation = None
+        if getattr(args, "donate_caches", False) and model is not None and caches_of(model):
+            donation = donated(model, inputs, Path(d) / "c.sqlite", args)
     regions = []
     for dcs in rec.decisions:
         t = dcs.timings or {}
@@ -122,6 +134,64 @@ def measure(
         "jax_jit_kernels": _top_kernels(t_jax),
         "mirage_kernels": _top_kernels(t_mine),
         "warnings": sorted({str(w.message)[:160] for w in caught}),
+        **({"donated": donation} if donation is not None else {}),
+    }
+
+
+CACHES = ("k_cache", "v_cache")
+"""The arguments a decode step returns updated (as outputs of the same names)."""
+
+
+def caches_of(model: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(argument indices, output indices) of a decode model's KV caches, or None."""
+    if not all(n in model.arg_names and n in model.output_names for n in CACHES):
+        return None
+    return (
+        tuple(model.arg_names.index(n) for n in CACHES),
+        tuple(model.output_names.index(n) for n in CACHES),
+    )
+
+
+def donated(model: Any, inputs: Any, cache_path: Path, args: argparse.Namespace) -> dict:
+    """Both jits with the KV caches donated, as a decode loop runs a step: each call's
+    updated caches are the next call's (`profile.time_trace(feed=...)`), so an in-place
+    update needs no copy. `mirage_jax.jit` reuses the row's cache (no second search). The
+    floor counts the caches read once and only the new rows written
+    (`Model.floor_us(in_place_cache=True)`) at the run's measured copy bandwidth."""
+    import jax.numpy as jnp
+
+    import mirage_jax
+    from mirage_jax.profile import time_trace
+
+    ci, co = caches_of(model)
+    drawn = functools.cache(inputs)  # a 7B block's draw takes seconds
+
+    def fresh(s: int) -> tuple:  # donated buffers are consumed: each set owns its caches
+        return tuple(jnp.copy(a) if i in ci else a for i, a in enumerate(drawn(s)))
+
+    def feed(xs: tuple, out: Any) -> tuple:
+        xs = list(xs)
+        for i, o in zip(ci, co):
+            xs[i] = out[o]
+        return tuple(xs)
+
+    f = mirage_jax.jit(model.fn, cache=cache_path, workers=args.workers, donate_argnums=ci)
+    jax.block_until_ready(f(*fresh(0)))
+    t_jax = time_trace(jax.jit(model.fn, donate_argnums=ci), fresh, calls=args.calls, feed=feed)
+    t_mine = time_trace(f, fresh, calls=args.calls, feed=feed)
+    from experiments.models import H100_BANDWIDTH
+
+    bw = getattr(args, "bandwidth", None) or H100_BANDWIDTH
+    floor = model.floor_us(bw, in_place_cache=True)
+    return {
+        "jax_jit_us": t_jax.median_us,
+        "mirage_us": t_mine.median_us,
+        "speedup": t_jax.median_us / t_mine.median_us,
+        "floor_us": floor,
+        "of_floor": t_mine.median_us / floor,
+        "bandwidth_bytes_per_s": bw,
+        "kernels": sum(d.status == "kernel" for d in f.last.decisions),
+        "mirage_kernels": _top_kernels(t_mine),
     }
 
 
@@ -164,6 +234,25 @@ def markdown(doc: dict) -> str:
             f"| {r['speedup']:.3f}× | {r['kernels']} | {regs} | {fcs} | "
             f"{'yes' if r['matches'] else 'NO ' + format(r['max_rel_error'], '.2e')} |"
         )
+    donated_rows = [r for r in doc["rows"] if "donated" in r]
+    if donated_rows:
+        bw = doc["machine"].get("copy_bandwidth_bytes_per_s")
+        lines += [
+            "",
+            "KV caches donated (`--donate-caches`: both jits with `donate_argnums` on the caches, "
+            "each call's updated caches fed to the next, as a decode loop runs). Floor: weights "
+            "and caches read once, only the new cache rows written, at the copy bandwidth "
+            + (f"measured in this run ({bw / 1e12:.2f} TB/s)." if bw else "of 3.0 TB/s."),
+            "",
+            "| program | jax.jit (µs) | mirage_jax.jit (µs) | speedup | floor (µs) | × floor |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in donated_rows:
+            g = r["donated"]
+            lines.append(
+                f"| {r['key']} | {g['jax_jit_us']:.2f} | {g['mirage_us']:.2f} | "
+                f"{g['speedup']:.3f}× | {g['floor_us']:.1f} | {g['of_floor']:.2f}× |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -186,6 +275,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="experiments/results")
     p.add_argument("--stop-after-s", type=float, default=None, help="start no case after this")
     p.add_argument("--resume", action="store_true", help="keep rows already in the file")
+    p.add_argument(
+        "--donate-caches",
+        action="store_true",
+        help="decode models: also time both jits with the KV caches donated (a decode loop)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,14 +299,19 @@ def main(argv: list[str] | None = None) -> None:
         doc["rows"] = json.loads(path.read_text())["rows"]
     done = {r["key"] for r in doc["rows"]}
     t0 = time.perf_counter()
-    for key, fn, inputs, dtype in _cases(args):
+    if args.donate_caches:  # the floors' bandwidth, measured in this run
+        from mirage_jax.profile import copy_bandwidth
+
+        args.bandwidth = copy_bandwidth()[0]
+        doc["machine"]["copy_bandwidth_bytes_per_s"] = args.bandwidth
+    for key, fn, inputs, dtype, model in _cases(args):
         if key in done:
             continue
         if args.stop_after_s is not None and time.perf_counter() - t0 > args.stop_after_s:
             print(f"stopping before {key}: time limit", flush=True)
             break
         try:
-            row = measure(key, fn, inputs, dtype, args)
+            row = measure(key, fn, inputs, dtype, args, model=model)
         except Exception as e:  # one failing program is reported in the table, not fatal
             row = {"key": key, "error": f"{type(e).__name__}: {e}"[:400]}
             print(f"{key}: FAILED {row['error']}", flush=True)
@@ -225,6 +324,13 @@ def main(argv: list[str] | None = None) -> None:
             f"  match {row['matches']}",
             flush=True,
         )
+        if "donated" in row:
+            g = row["donated"]
+            print(
+                f"{'donated caches':>28} jax.jit {g['jax_jit_us']:9.2f} µs  mirage "
+                f"{g['mirage_us']:9.2f} µs  {g['speedup']:.3f}x  {g['of_floor']:.2f}x floor",
+                flush=True,
+            )
         path.write_text(json.dumps(doc, indent=1, ensure_ascii=False))
         (out / "never_slower.md").write_text(markdown(doc))
 

@@ -39,14 +39,8 @@ from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.assemble import assemble
 from mirage_jax.cache import Cache
-from mirage_jax.function_check import (
-    FunctionCheck,
-    best_subset,
-    checked,
-    forget_draws,
-    marginal,
-    region_wins,
-)
+from mirage_jax.function_check import forget_draws
+from mirage_jax.function_choice import FunctionChoice
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
 from mirage_jax.regions import (
@@ -268,33 +262,12 @@ class MirageJit:
                 run = lax_ir.as_function(program, asm.fn)
         clock.lap("assemble")
         check = None
-        if run is not None and self.opts.function_check and backends.get(backend).needs_gpu:
-            check = self._function_check(program, decisions, asm.fn, backend)
-            clock.lap("function_check")
-            # all kernels lost, or their values differ: the subset that wins (and matches),
-            # if any; all won: without the marginal ones, if faster still (`best_subset`)
-            suspects = marginal(decisions) if check is not None else []
-            if check is not None and (check.choice == "xla" or suspects):
-                kernels = [d.index for d in decisions if d.status == "kernel"]
-                logger.info("%s: all %d kernels: %s", name, len(kernels), check.reason)
-                kept = self._kept_kernels(
-                    program, part, decisions, replacements, backend, check, suspects
-                )
-                if kept is None:
-                    reasons = dict.fromkeys(kernels, check.reason)
-                    run = None
-                else:
-                    subset, kept_check, better = kept
-                    # values differed with all kernels: the left-out one is why
-                    why = (check if check.mismatch else kept_check).reason
-                    why = f"left out by the whole-function check: {why}"
-                    check = kept_check
-                    reasons = {k: why for k in kernels if k not in subset}
-                    if better is not None:
-                        run = lax_ir.as_function(program, better.fn)
-                decisions = self._demote(part, decisions, reasons)
-                clock.lap("function_check_subsets")
-            forget_draws()
+        if self.opts.function_check and backend is not None and backends.get(backend).needs_gpu:
+            chosen = FunctionChoice(self, program, part, backend, clock)
+            decisions, run, check = chosen.settle(
+                decisions, replacements, asm if run is not None else None
+            )
+        forget_draws()
         for d in decisions:
             logger.info("%s", region_line(name, d))
         if check is not None:
@@ -324,56 +297,6 @@ class MirageJit:
             xla_decision(part.regions[d.index], reasons[d.index], d) if d.index in reasons else d
             for d in decisions
         )
-
-    def _kept_kernels(
-        self,
-        program: Any,
-        part: Any,
-        decisions: Sequence[Any],
-        replacements: Mapping[int, Callable],
-        backend: str,
-        full: FunctionCheck,
-        suspects: Sequence[int] = (),
-    ) -> tuple[frozenset[int], FunctionCheck, Any] | None:
-        """The kernels to keep after the whole-function check of all of them (`full`), with
-        their check and assembly (None: all of them, already assembled)
-        (`function_check.best_subset`; each subset's check cached like the full one)."""
-        kernel = {d.index: d for d in decisions if d.status == "kernel"}
-        assembled: dict[frozenset[int], Any] = {}
-        name = self._name
-
-        def check(subset: frozenset[int]) -> FunctionCheck | None:
-            asm = assembled[subset] = assemble(program, part, {k: replacements[k] for k in subset})
-            if asm.skipped or not asm.substituted:
-                return None
-            c = self._function_check(
-                program, [kernel[k] for k in subset], asm.fn, backend, xla_us=full.xla_us
-            )
-            if c is not None:
-                logger.debug("%s: kernels of regions %s: %s", name, sorted(subset), c.reason)
-            return c
-
-        kept = best_subset(
-            sorted(kernel), check, full, suspects=suspects, wins=region_wins(decisions)
-        )
-        return None if kept is None else (*kept, assembled.get(kept[0]))
-
-    def _function_check(
-        self,
-        program: Any,
-        decisions: Sequence[Any],
-        flat: Callable,
-        backend: str,
-        xla_us: float | None = None,
-    ) -> Any:
-        """The whole-function check of this signature with the kernels of `decisions`
-        (`function_check.checked`: memo, cache, else measured and stored; `xla_us`: jax.jit's
-        time, already measured). None if it cannot run (reported; strict: raised)."""
-        keys = [d.cache_key for d in decisions if d.status == "kernel"]
-        return checked(
-            program, keys, flat, backend, cache=self.cache, memo=self._checks,
-            seed=self.opts.seed, strict=self.opts.strict, xla_us=xla_us,
-        )  # fmt: skip
 
     def _record(self, record: TraceRecord) -> None:
         self.records = [*self.records[-7:], record]
@@ -433,12 +356,7 @@ class MirageJit:
                 region, "not in the cache (search='cached')"
             )
             if decision.status == "kernel":
-                inside = {i for r in part.regions for i in r.nodes}
-                xla = set(range(len(part.program.nodes))) - inside
-                after = [layout_after(part.program, o, xla) for o in region.outputs]
-                impl = region_kernel(
-                    decision, region, backend, self.opts.lower_config, self.opts.strict, after
-                )
+                impl = self._kernel(part, region, decision, backend)
                 if isinstance(impl, str):
                     decision = xla_decision(region, impl, decision)
                 else:
@@ -448,6 +366,15 @@ class MirageJit:
         self.stats.kernels += sum(d.status == "kernel" for d in decisions)
         self.stats.xla_regions += sum(d.status == "xla" for d in decisions)
         return tuple(decisions), replacements
+
+    def _kernel(self, part: Any, region: Any, decision: Any, backend: str) -> Callable | str:
+        """The region's kernel for a kernel decision (`regions.region_kernel`), its outputs
+        written in the layout the program's XLA steps after it end in; or why not."""
+        inside = {i for r in part.regions for i in r.nodes}
+        xla = set(range(len(part.program.nodes))) - inside
+        after = [layout_after(part.program, o, xla) for o in region.outputs]
+        opts = self.opts
+        return region_kernel(decision, region, backend, opts.lower_config, opts.strict, after)
 
 
 # ---------------------------------------------------------------------- helpers

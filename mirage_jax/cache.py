@@ -483,7 +483,7 @@ class Cache:
             raise StaleEntry("its key does not match its fields")
         if program.canonical_hash != entry.region_hash:
             raise StaleEntry("it is for another region")
-        if entry.is_xla:
+        if entry.mugraph_json is None:  # XLA; a runner-up's µGraph is checked like a kernel's
             return entry, None
         try:
             mugraph = mugraph_from_json(entry.mugraph_json or "")

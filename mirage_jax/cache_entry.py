@@ -98,8 +98,15 @@ class CacheEntry:
 
     @property
     def is_xla(self) -> bool:
-        """True for an entry that runs the region as XLA (`timings["reason"]` says why)."""
-        return self.mugraph_json is None
+        """True for an entry that runs the region as XLA (`timings["reason"]` says why), a
+        runner-up's too."""
+        return self.mugraph_json is None or self.runner_up
+
+    @property
+    def runner_up(self) -> bool:
+        """True for an XLA entry that keeps a verified µGraph which came close to XLA on the
+        region alone, for the whole-function check (`mirage_jax.runner_up`)."""
+        return self.mugraph_json is not None and bool(self.timings.get("runner_up"))
 
     @property
     def verification(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ def cache_ls(args: argparse.Namespace) -> int:
     print(f"# {cache.path}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     if entries:
         print(
-            f"{'key':16}  {'region':12}  {'kind':7}  {'backend':16}  {'bound':8}  {'speedup':7}  "
+            f"{'key':16}  {'region':12}  {'kind':9}  {'backend':16}  {'bound':8}  {'speedup':7}  "
             f"{'origin':7}  {'device':24}  from"
         )
     for e in entries:
@@ -33,9 +33,9 @@ def cache_ls(args: argparse.Namespace) -> int:
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             speedup = "-"
         bound = f"{float(v['bound']):.0e}" if "bound" in v else "-"
-        kind = "xla" if e.is_xla else "µgraph"
+        kind = "runner-up" if e.runner_up else "xla" if e.is_xla else "µgraph"
         print(
-            f"{e.key[:16]}  {e.region_hash[:12]}  {kind:7}  {e.backend:16}  {bound:8}  "
+            f"{e.key[:16]}  {e.region_hash[:12]}  {kind:9}  {e.backend:16}  {bound:8}  "
             f"{speedup:7}  {e.origin:7}  {e.device_kind:24}  {t.get('from', '-')}"
         )
     return 0
@@ -64,7 +64,10 @@ def cache_show(args: argparse.Namespace) -> int:
     print(f"timings:      {json.dumps(e.timings, sort_keys=True) if e.timings else '-'}")
     if e.is_xla:
         print(f"choice:       XLA ({e.timings.get('reason') or 'the reason was not stored'})")
+    if e.mugraph_json is None:
         return 0
+    if e.runner_up:
+        print("runner-up:    a µGraph the whole-function check tries beside XLA's other regions")
     print(f"verification: {json.dumps(e.verification, sort_keys=True)}")
     try:
         from mirage_jax.cache import mugraph_from_json

@@ -300,6 +300,7 @@ def time_trace(
     warmup: int = 3,
     max_sets: int | None = None,
     rotate_bytes: int = 2 * L2_BYTES,
+    feed: Callable[[tuple[Any, ...], Any], Sequence[Any]] | None = None,
 ) -> TraceTiming:
     """Per-call device time of `fn` by the profiler-trace method (GPU only).
 
@@ -307,17 +308,28 @@ def time_trace(
     `time_device`), under one `jax.profiler.trace`; per call, the durations of the kernels the
     GPU ran are summed. The result is the median and spread over calls, and every kernel's
     mean time per call.
+
+    `feed(args, outputs)`: the arguments of the next call on the same input set, as a decode
+    loop passes its donated caches on (a function with `donate_argnums` can run each buffer
+    once); without it every call reuses its set's arguments.
     """
     if calls < 1:
         raise ValueError("calls must be >= 1")
     sets = _input_sets(inputs, calls, max_sets, rotate_bytes)
     jfn = fn if hasattr(fn, "lower") else jax.jit(fn)
+
+    def call(i: int) -> None:
+        args = sets[i % len(sets)]
+        out = jax.block_until_ready(jfn(*args))
+        if feed is not None:
+            sets[i % len(sets)] = tuple(feed(args, out))
+
     for i in range(warmup):
-        jax.block_until_ready(jfn(*sets[i % len(sets)]))
+        call(i)
 
     def run() -> None:
         for i in range(calls):
-            jax.block_until_ready(jfn(*sets[i % len(sets)]))
+            call(i)
 
     events = trace_events(run)
     sums, spans = per_call(events, calls)
@@ -343,6 +355,7 @@ def time_trace(
             f"rotating input sets), under jax.profiler.trace; per call = sum of the durations "
             f"of the kernels on the GPU's stream lines (no launch gaps); {warmup} warm-up "
             f"calls; median and p10/p90 over calls"
+            + ("; each call's outputs fed to the next on its set (donated buffers)" if feed else "")
         ),
         samples_us=tuple(float(s) for s in sums),
         kernels=tuple((n, float(us), float(c)) for n, us, c in kernels),

@@ -57,6 +57,13 @@ class SearchOutcome:
     timings: Mapping[str, Any]
     reason: str
     cacheable: bool = True  # False where a failure may not recur (nothing lowered, say)
+    runner_up: bool = False  # `mugraph` lost its region narrowly: XLA runs it, unless the
+    # whole-function check finds the function faster with it (`mirage_jax.runner_up`)
+
+    @property
+    def kernel(self) -> Any:
+        """The µGraph that runs the region (None: XLA, the runner-up's region too)."""
+        return None if self.runner_up else self.mugraph
 
 
 def search_region(
@@ -253,7 +260,7 @@ def select_searched(
     from mirage_jax import compute_gate
     from mirage_jax.cache import mugraph_to_json
     from mirage_jax.search import Budget
-    from mirage_jax.select import FLOAT_TOL, random_inputs, select
+    from mirage_jax.select import FLOAT_TOL, RUNNER_UP_WITHIN, random_inputs, select
 
     t0 = time.perf_counter()
     timed = timed_here(backend)
@@ -275,6 +282,7 @@ def select_searched(
         compile_threads=int(opts.options.get("compile_threads", 4)),
         context=in_context(program, opts, backend, avals) if context else None,
         xla=compute_gate.known_xla(program, opts, backend, context) if timed else None,
+        near=float(opts.options.get("runner_up_within", RUNNER_UP_WITHIN)) if timed else 0.0,
     )
     t = {
         "device": device_kind(),
@@ -290,6 +298,12 @@ def select_searched(
     if timed and sel.passed:
         t |= {"xla_us": sel.xla_us, "mugraph_us": sel.fastest_us, "method": sel.method}
     chosen = sel.chosen
+    runner = sel.runner_up_contender
+    if chosen is None and runner is not None and runner.verdict is not None:
+        g = runner.mugraph
+        record = runner.verdict.record(program.canonical_hash, g.canonical_hash)
+        t |= {"runner_up_us": runner.us}
+        return SearchOutcome(g, mugraph_to_json(g), record, t, sel.reason, runner_up=True)
     if chosen is None:  # cacheable only if some µGraph passed (lost to XLA)
         return SearchOutcome(None, None, None, t, sel.reason, cacheable=bool(sel.passed))
     if not timed:

@@ -31,6 +31,9 @@ class RegionDecision:
         timings: measured times in µs where known (e.g. mugraph_us, xla_us).
         cache_key: the cache key the decision is stored under ("" if none).
         backend: the backend a kernel is lowered for ("" for XLA).
+        runner_up: for an XLA region, a verified µGraph that came close to XLA on the region
+            alone (`verification` is its record): the whole-function check tries it
+            (`mirage_jax.runner_up`).
     """
 
     index: int
@@ -43,6 +46,7 @@ class RegionDecision:
     timings: Mapping[str, Any] | None = None
     cache_key: str = ""
     backend: str = ""
+    runner_up: Any = None
 
 
 class Resolver:
@@ -173,7 +177,12 @@ class Resolver:
             self.backend,
             mugraph_json=found.mugraph_json,
             verdict_json=found.verdict_json,
-            timings={**found.timings, "reason": found.reason, "from": provenance(region.program)},
+            timings={
+                **found.timings,
+                "reason": found.reason,
+                "from": provenance(region.program),
+                **({"runner_up": True} if found.runner_up else {}),
+            },
             options=self.key_options(),
             version=self.version,
         )
@@ -190,6 +199,11 @@ class Resolver:
         """The decision a cache entry (read or just written) stands for."""
         if mugraph is None:
             return xla_decision(region, why_xla, source=source, entry=entry)
+        if entry.runner_up:
+            d = xla_decision(region, why_xla, source=source, entry=entry)
+            return dataclasses.replace(
+                d, runner_up=mugraph, verification=entry.verification, backend=self.backend
+            )
         return RegionDecision(
             region.index, entry.region_hash, "kernel", why, source, mugraph, entry.verification,
             entry.timings, entry.key, self.backend,
@@ -216,7 +230,7 @@ def xla_decision(
     entry: CacheEntry | None = None,
 ) -> RegionDecision:
     if base is not None:
-        return dataclasses.replace(base, status="xla", reason=reason, backend="")
+        return dataclasses.replace(base, status="xla", reason=reason, backend="", runner_up=None)
     return RegionDecision(
         index=region.index,
         region_hash=region.program.canonical_hash,

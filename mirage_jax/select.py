@@ -60,6 +60,12 @@ class InContext:
     lower: Callable[..., Any]
 
 
+RUNNER_UP_WITHIN = 0.10
+"""Where XLA keeps a region, a verified µGraph that took at most this fraction longer is its
+runner-up, tried in the whole function (`mirage_jax.runner_up`; option `runner_up_within`,
+0 turns it off)."""
+
+
 @dataclass(frozen=True)
 class Contender:
     """One candidate: a µGraph (or XLA), its time, or why it was dropped."""
@@ -90,6 +96,8 @@ class Selection:
     Arguments:
         best: the chosen µGraph, or None when XLA is kept.
         reason: why.
+        runner_up: where XLA is kept, the fastest µGraph if it came within `near` of XLA
+            (verified): the whole-function check tries it (`mirage_jax.runner_up`).
         contenders: every candidate considered, XLA first.
         method: how times were measured ("cost model" when nothing was timed).
     """
@@ -100,6 +108,12 @@ class Selection:
     method: str = ""
     backend: str = ""
     extra: dict = field(default_factory=dict)
+    runner_up: MuGraph | None = None
+
+    @property
+    def runner_up_contender(self) -> Contender | None:
+        """The contender of `runner_up` (None where there is none)."""
+        return next((c for c in self.passed if c.mugraph is self.runner_up), None)
 
     @property
     def xla_us(self) -> float | None:
@@ -212,6 +226,7 @@ def select(
     tune_warps: bool = False,
     compile_threads: int = 4,
     xla: tuple[float, str] | None = None,
+    near: float = 0.0,
 ) -> Selection:
     """Time the `top` best µGraphs of `result` and XLA; return the fastest (XLA wins ties).
 
@@ -246,6 +261,8 @@ def select(
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
             if one is given; `compute_gate.time_xla`): not measured again.
+        near: where XLA is kept, the fastest µGraph that took at most (1 + near) × XLA's time
+            is verified (if not yet) and returned as the selection's `runner_up`.
     """
     import jax
 
@@ -422,7 +439,19 @@ def select(
         return Selection(best[1], why, tuple(contenders), method, backend, {"phases": phases})
     margin = f"within {tie:.0%} or slower" if tie else "not faster"
     why = f"XLA kept: {xla_us:.2f} µs, best µGraph {best[0]:.2f} µs ({margin})"
-    return Selection(None, why, tuple(contenders), method, backend, {"phases": phases})
+    runner_up = None
+    if near > 0 and best[0] <= xla_us * (1.0 + near):
+        close = xla_us * (1.0 + near) + 1e-9
+        found = (
+            _verify_fastest(contenders, program, verify_trials, seed, phase, close)
+            if late
+            else best
+        )
+        runner_up = None if found is None else found[1]
+        if runner_up is not None:
+            mine = next(c.us for c in contenders[1:] if c.mugraph is runner_up)
+            why += f"; runner-up for the whole-function check ({mine:.2f} µs)"
+    return Selection(None, why, tuple(contenders), method, backend, {"phases": phases}, runner_up)
 
 
 IN_CONTEXT = ", in context (the region's own inputs and layout steps)"

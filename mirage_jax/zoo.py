@@ -363,7 +363,7 @@ def run(
 
     def finish(pr: PlannedRegion, outcome: Any, attempts: int, where: dict) -> None:
         entry = resolver.entry(pr.region, outcome)
-        status, reason = ("xla" if outcome.mugraph is None else "kernel"), outcome.reason
+        status, reason = ("xla" if outcome.kernel is None else "kernel"), outcome.reason
         if outcome.cacheable and owner.cache is not None:
             try:
                 owner.cache.put(entry)

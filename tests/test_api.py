@@ -612,6 +612,7 @@ def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, f
     from types import SimpleNamespace
 
     import mirage_jax.api as api
+    from mirage_jax import function_choice
     from mirage_jax.function_check import FunctionCheck
 
     def two_regions(x, w1, w2):
@@ -621,7 +622,7 @@ def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, f
 
     asked: list[frozenset[int]] = []
 
-    def fake_check(self, program, decisions, flat, backend, xla_us=None):
+    def fake_check(self, decisions, flat, xla_us=None):
         kernels = frozenset(d.index for d in decisions if d.status == "kernel")
         asked.append(kernels)
         us = full_us if len(asked) == 1 else (9.0 if len(kernels) == 1 else 14.0)
@@ -632,9 +633,9 @@ def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, f
     monkeypatch.setattr(
         api, "backends", SimpleNamespace(get=lambda n: SimpleNamespace(needs_gpu=True))
     )
-    monkeypatch.setattr(api.MirageJit, "_function_check", fake_check)
+    monkeypatch.setattr(function_choice.FunctionChoice, "check", fake_check)
     monkeypatch.setattr(
-        api, "marginal", lambda ds: [max(d.index for d in ds if d.status == "kernel")]
+        function_choice, "marginal", lambda ds: [max(d.index for d in ds if d.status == "kernel")]
     )
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 32), (32, 64), (32, 16))]
