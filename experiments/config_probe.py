@@ -34,6 +34,8 @@ CONFIGS = {
     "stages1": {"num_stages": 1},
     "warps8": {"num_warps": 8},
     "warps8_stages4": {"num_warps": 8, "num_stages": 4},
+    "split2": {"loop_split": 2},
+    "split4": {"loop_split": 4},
 }
 
 

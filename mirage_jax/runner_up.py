@@ -12,7 +12,7 @@ the o-projection's runner-up added, 195.6; with the attention's too, 178.5.
 So where XLA keeps a region and the best verified µGraph came within `select.RUNNER_UP_WITHIN`
 of it, the cache keeps that µGraph as the region's runner-up, and after the whole-function check
 of the kernels that won their regions (before any of them is left out), up to
-`RUNNER_UP_TRIES` runner-ups (closest first) are each added to the function and kept where
+`RUNNER_UP_TRIES` runner-ups (`order`) are each added to the function and kept where
 the function gets faster by `KEEP_ALL_TIE` (and beats jax.jit).
 Each try is one whole-function check (cached like the others, so a later call recalls it).
 """
@@ -51,13 +51,29 @@ def closeness(decision: Any) -> float:
     return float(mine) / float(xla) - 1.0
 
 
+def in_context(decision: Any) -> bool:
+    """The region was timed with the layout steps around it (`select.IN_CONTEXT`): XLA fuses
+    those steps differently in the whole function, where its code for the region can be
+    far slower than alone (the attention regions, whose cache reads are transposed)."""
+    return "in context" in str((decision.timings or {}).get("method", ""))
+
+
+def order(decisions: Sequence[Any]) -> list[Any]:
+    """The runner-ups in the order they are tried: those timed in context first (Gemma-style
+    7B block, b=1, on the H100, 2026-11-26: the attention's runner-up, 8.9% slower alone,
+    came third by closeness behind two GEMM regions and was never tried), each group
+    closest first."""
+    runners = [d for d in decisions if d.status == "xla" and d.runner_up is not None]
+    return sorted(runners, key=lambda d: (not in_context(d), closeness(d)))
+
+
 def try_runner_ups(
     decisions: Sequence[Any],
     base: FunctionCheck | None,
     check: Callable[[frozenset[int], Mapping[int, Any]], FunctionCheck | None],
     tries: int = RUNNER_UP_TRIES,
 ) -> Tried:
-    """Add each runner-up (closest first, at most `tries`) to the kept kernels; keep it where
+    """Add each runner-up (`order`, at most `tries`) to the kept kernels; keep it where
     the whole function gets faster than the best so far by `KEEP_ALL_TIE` and beats jax.jit.
 
     `decisions`: the regions' decisions (status "kernel": the kernels that won their
@@ -70,9 +86,7 @@ def try_runner_ups(
     """
     by_index = {d.index: d for d in decisions}
     kept = frozenset(d.index for d in decisions if d.status == "kernel")
-    runners = sorted(
-        (d for d in decisions if d.status == "xla" and d.runner_up is not None), key=closeness
-    )[: max(0, tries)]
+    runners = order(decisions)[: max(0, tries)]
     best = base if base is not None and base.choice == "kernels" and kept else None
     best_us = None if best is None else best.kernels_us
     xla_us = None if base is None else base.xla_us

@@ -13,9 +13,9 @@ import pytest
 import mirage_jax
 from mirage_jax.function_check import FunctionCheck
 from mirage_jax.resolve import RegionDecision
-from mirage_jax.runner_up import RUNNER_UP_TRIES, closeness, try_runner_ups
+from mirage_jax.runner_up import RUNNER_UP_TRIES, closeness, order, try_runner_ups
 from mirage_jax.search import SearchResult
-from mirage_jax.select import select
+from mirage_jax.select import IN_CONTEXT, select
 from tests.test_cache import _tamper, rmsnorm_region
 from tests.test_select import fake_lower, graph, program
 
@@ -62,6 +62,13 @@ def test_the_closest_runner_ups_are_tried_and_kept_only_where_the_function_gains
     assert kept.mugraph == "g2" and kept.runner_up is None
     assert "runner-up kept by the whole-function check" in kept.reason and "9.00" in kept.reason
     assert got.decisions[1].runner_up == "g1"  # not kept: still XLA, still a runner-up
+
+
+def test_runner_ups_timed_in_context_are_tried_first():
+    ds = [decision(0, runner="g0", mine=10.1), decision(1, runner="g1", mine=10.9)]
+    ds[1] = dataclasses.replace(ds[1], timings=ds[1].timings | {"method": "x" + IN_CONTEXT})
+    assert [d.index for d in order(ds)] == [1, 0]
+    assert [d.index for d in order([*ds[:1], decision(2, runner="g", mine=10.0)])] == [2, 0]
 
 
 def test_with_no_kernel_the_runner_up_must_beat_jax_jit():
