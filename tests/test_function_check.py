@@ -331,3 +331,40 @@ def test_a_check_is_measured_once_then_recalled_from_the_memo_and_the_cache(
     assert calls == [100.0]  # measured once
     other = function_check.checked(program, ["k1"], lambda xs: xs, "triton", cache=cache, memo={})
     assert other is not None and len(calls) == 2  # other kernels: another check
+
+
+def test_the_checks_of_one_program_compile_jax_jit_once(monkeypatch) -> None:
+    """Each subset check compares with jax.jit's outputs and times against its time: the jitted
+    function and its outputs are kept for the program's checks (a fresh `jax.jit` compiled the
+    7B blocks again, GEMM autotuning included, for every check) and dropped after them."""
+    import jax.numpy as jnp
+
+    import lax_ir
+    from mirage_jax import function_check, profile
+
+    program = lax_ir.capture(lambda x: jnp.tanh(x) * 2.0, jnp.ones((4, 8), jnp.float32))
+    traced = []
+
+    def as_fun(jaxpr):  # a new function each time, as `jaxpr_as_fun` returns
+        def fn(x):
+            traced.append(1)  # runs once per compile
+            return [jnp.tanh(x) * 2.0]
+
+        return fn
+
+    monkeypatch.setattr(function_check.jex_core, "jaxpr_as_fun", as_fun)
+
+    class T:
+        median_us = 10.0
+
+    monkeypatch.setattr(profile, "time_trace", lambda fn, inputs, calls: T())
+    function_check.forget_draws()
+    for _ in range(3):
+        got = function_check.measure(program, lambda xs: [jnp.tanh(xs[0]) * 2.0], xla_us=20.0)
+        assert got.mismatch is None and got.choice == "kernels"
+    assert len(traced) == 1
+    function_check.forget_draws()
+    assert function_check._ORIGINAL == {}
+    function_check.measure(program, lambda xs: [jnp.tanh(xs[0]) * 2.0], xla_us=20.0)
+    assert len(traced) == 2
+    function_check.forget_draws()
