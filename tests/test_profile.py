@@ -143,16 +143,29 @@ def test_time_trace_feeds_each_calls_outputs_to_the_next_on_its_set(monkeypatch)
 
 @pytest.mark.gpu
 def test_donated_caches_are_timed_as_a_decode_loop_runs_them():
-    """Donation with `feed`: every call gets buffers it may consume, and the update runs in
-    place (no copy of the cache in the trace)."""
+    """Donation with `feed` (the Llama nnx decode step, realistic size): every call gets
+    caches it may consume, and the step updates them in place: the copies that the plain
+    step makes to return its caches are gone."""
     import jax.numpy as jnp
 
-    def decode(cache, row):
-        return jax.lax.dynamic_update_slice(cache, row, (3, 0)), jnp.sum(cache)
+    from experiments import models as M
+    from experiments.never_slower import caches_of
 
-    cache = lambda s: (jnp.zeros((4096, 1024), jnp.float32), jnp.ones((1, 1024)))  # noqa: E731
-    fed = lambda a, o: (o[0], a[1])  # noqa: E731
-    donated = profile.time_trace(jax.jit(decode, donate_argnums=0), cache, calls=5, feed=fed)
-    plain = profile.time_trace(jax.jit(decode), cache, calls=5)
-    assert not any("memcpy" in n.lower() or "copy" in n.lower() for n, *_ in donated.kernels)
-    assert donated.median_us < plain.median_us
+    m = M.get("llama_decode_nnx", batch=1, size="realistic")
+    args = m.make(0).args
+    ci, co = caches_of(m)
+
+    def fresh(s):
+        return tuple(jnp.copy(a) if i in ci else a for i, a in enumerate(args))
+
+    def fed(a, o):
+        a = list(a)
+        for i, k in zip(ci, co):
+            a[i] = o[k]
+        return tuple(a)
+
+    donated = profile.time_trace(jax.jit(m.fn, donate_argnums=ci), fresh, calls=5, feed=fed)
+    plain = profile.time_trace(jax.jit(m.fn), fresh, calls=5)
+    copies = [[n for n, *_ in t.kernels if "memcpy" in n.lower()] for t in (donated, plain)]
+    assert copies[0] == [] and copies[1], copies
+    assert "fed to the next" in donated.method
