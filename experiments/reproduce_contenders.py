@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.models.attention import import_tokamax
 from experiments.reproduce_common import _err, _region_programs
 
 
@@ -42,29 +41,6 @@ def _from_bthd_heads(o):
 def _decode(q, k, v):
     """→ Pallas decode layout: q (B, Hq, D), k and v (B, S, 1, D)."""
     return q, k.transpose(0, 2, 1)[:, :, None, :], v[:, :, None, :]
-
-
-def _import_tokamax() -> Any:
-    """tokamax, or raise ImportError; its benchmarking module's xprof import is stubbed."""
-    if importlib.util.find_spec("tokamax") is None:
-        raise ImportError("tokamax is not installed")
-    if importlib.util.find_spec("xprof") is None:  # used only by tokamax.benchmarking
-        from importlib.machinery import ModuleSpec
-
-        for name in ("xprof", "xprof.cli", "xprof.cli.tools"):
-            if name not in sys.modules:
-                spec = ModuleSpec(name, None, is_package=name != "xprof.cli.tools")
-                sys.modules[name] = importlib.util.module_from_spec(spec)
-        sys.modules["xprof.cli.tools"].get_kernel_stats_tool = None  # type: ignore[attr-defined]
-    import tokamax
-
-    try:  # its autotuning cache misses are logged as warnings, one per shape: not news here
-        from absl import logging as absl_logging
-
-        absl_logging.set_verbosity(absl_logging.ERROR)
-    except ImportError:
-        pass
-    return tokamax
 
 
 def _pallas_op(name: str) -> Any:
@@ -153,7 +129,7 @@ def _tokamax_baselines(bm: Any, att: tuple[float, bool] | None, on_gpu: bool) ->
     if not on_gpu:
         return [{"label": "tokamax", "status": "unsupported: no GPU"}]
     try:
-        tk = _import_tokamax()
+        tk = import_tokamax()
     except Exception as e:
         return [{"label": "tokamax", "status": f"not available: {_err(e)}"}]
     out = []

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.errors import max_rel_error
+from experiments.models.attention import import_tokamax
 from experiments.reproduce_common import (
     FP16_TOL,
     QUICK_OUT,
@@ -24,7 +25,7 @@ from experiments.reproduce_common import (
     today,
     versions,
 )
-from experiments.reproduce_contenders import _import_tokamax, _imported, _ours, baselines
+from experiments.reproduce_contenders import _imported, _ours, baselines
 
 
 # ---------------------------------------------------------------------------- time phase
@@ -353,7 +354,7 @@ def _tokamax_status(on_gpu: bool) -> str:
     if not on_gpu:
         return "unsupported: no GPU"
     try:
-        tk = _import_tokamax()
+        tk = import_tokamax()
         return f"ok ({getattr(tk, '__version__', '?')})"
     except Exception as e:
         return f"not available: {_err(e)}"

@@ -67,12 +67,12 @@ Choices that differ from the original, and why (measurements on this 2-core CPU)
   `select` times the first few.
 """
 
+from mirage_jax.search.budget import Budget as Budget
 from mirage_jax.search.cost import Cost as Cost
 from mirage_jax.search.cost import Device as Device
 from mirage_jax.search.cost import estimate as estimate
 from mirage_jax.search.dims import analyse as analyse
 from mirage_jax.search.dims import shrink as shrink
-from mirage_jax.search.driver import Budget as Budget
 from mirage_jax.search.driver import SearchResult as SearchResult
 from mirage_jax.search.driver import search as search
 from mirage_jax.search.tasks import SearchError as SearchError

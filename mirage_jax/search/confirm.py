@@ -21,7 +21,7 @@ from mirage_jax.search.tasks import Problem, call_keyed
 from mirage_jax.search.workers import problem_blob
 
 if TYPE_CHECKING:
-    from mirage_jax.search.driver import Budget
+    from mirage_jax.search.budget import Budget
 
 
 def call(raw: Any, problem: Problem, fn: Callable[..., Any], args: list[tuple]) -> list:

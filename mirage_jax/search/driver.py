@@ -43,68 +43,16 @@ from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import predefined as pre_mod
+from mirage_jax.search.budget import Budget as Budget
 from mirage_jax.search.confirm import call, confirm
 from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
-from mirage_jax.search.order import TIME_TOP
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Numbers, Structure, instantiate
 from mirage_jax.search.tasks import Problem, init_worker, prepare, run_keyed, run_task, tasks_of
 from mirage_jax.search.workers import pool_for, problem_blob, shared_pool
 
 STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Limits of one search.
-
-    Arguments:
-        time_s: wall-clock limit of the enumeration (numbers and confirmation come after);
-            `math.inf`: no wall-clock stop anywhere (nor in the e-graph's saturation or the
-            full-size confirmation), so the search ends when exhausted or by `max_candidates`
-            and its result depends on the region and the seed only.
-        max_candidates: closed graphs examined (each a verification unless memoised).
-        max_kernels: kernels per µGraph (a split-K pair is two).
-        max_block_ops: block ops per graph-defined kernel (inputs not counted).
-        extra_depth: depth explored beyond the smallest graph found (see the module docstring);
-            loop_extra_depth: the same while every graph found holds a GEMM's whole K in one
-            loop-free tile (the normalised GEMM whose loop form needs a few more ops: the
-            statistic and the products accumulated, the division after the loop).
-        max_outputs: outputs of a split-K kernel (its partial sums).
-        results: µGraphs returned; confirm: how many of the best are verified at full size.
-        trials: field trials per verification.
-        numbers_per_structure: full-size instances kept per structure.
-        split: try split-K (a reduction split across the grid, then a combining kernel).
-        cuts: when nothing is found in one piece, cut the region at matmul prologues and search
-            the pieces (`cuts.py`); cut_share: the part of `time_s` kept for that.
-        max_predefined: pre-defined kernel ops (GEMMs and their epilogues, left to XLA) before
-            the graph-defined kernel(s) (`predefined.py`; 0: none); predefined_block_ops: block
-            ops per graph-defined kernel after them; predefined_share: the part of `time_s`
-            for that phase (after the one-piece enumeration, before cuts).
-        shards: tasks per schedule class, split by the first block op, so that more workers
-            than classes have work; the graphs accepted, their order and the results are
-            those of one task per class.
-    """
-
-    time_s: float = 300.0
-    max_candidates: int = 20000
-    max_kernels: int = 3
-    max_block_ops: int = 10
-    extra_depth: int = 1
-    loop_extra_depth: int = 3
-    max_outputs: int = 2
-    results: int = 16
-    confirm: int = TIME_TOP
-    trials: int = 2
-    numbers_per_structure: int = 4
-    split: bool = True
-    cuts: bool = True
-    cut_share: float = 0.5
-    max_predefined: int = 2
-    predefined_block_ops: int = 6
-    predefined_share: float = 0.25
-    shards: int = 8
 
 
 @dataclass(frozen=True)
