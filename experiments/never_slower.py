@@ -8,12 +8,17 @@ the real-model set (`experiments/models`, `--models` at `--sizes`), as a user wo
 - its outputs are compared with `jax.jit(fn)`'s (tolerance by dtype);
 - both are timed by the results tables' method (`profile.time_trace`: the GPU's kernel time per
   call, rotating input sets), in the same run;
-- per region: the choice (kernel or XLA), with the µGraph's and XLA's region times where timed.
+- per region: the choice (kernel or XLA), with the µGraph's and XLA's region times where timed;
+- with `--donate-caches`, the decode models again with their KV caches donated to both jits and
+  each call's caches fed to the next (a decode loop), against the in-place floor at the copy
+  bandwidth measured in the run.
 
 Rows are appended to `<out>/never_slower.json` and `.md` as they finish, so a run cut short by a
 time limit keeps what it measured (`--resume` skips rows already there).
 
     python -m experiments.never_slower --batches 1 8 16 --models all --sizes realistic
+    python -m experiments.never_slower --names --models llama_decode_nnx --sizes llama7b \
+        --donate-caches
 """
 
 from __future__ import annotations
