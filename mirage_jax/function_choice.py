@@ -132,7 +132,7 @@ class FunctionChoice:
         runner-ups' kernels are added to `replacements`."""
         owner, part = self.owner, self.part
         impls, assembled = replacements, {}  # the runner-ups' kernels are added to it
-        xla_us = None if base is None else base.xla_us
+        known = {"xla_us": None if base is None else base.xla_us}  # jax.jit timed once
 
         def check(subset: frozenset[int], as_kernels: Mapping[int, Any]) -> Any:
             for k, d in as_kernels.items():
@@ -144,8 +144,9 @@ class FunctionChoice:
             if asm.skipped or not asm.substituted:
                 return None
             chosen = [as_kernels.get(d.index, d) for d in decisions if d.index in subset]
-            c = self.check(chosen, asm.fn, xla_us=xla_us)
+            c = self.check(chosen, asm.fn, xla_us=known["xla_us"])
             if c is not None:
+                known["xla_us"] = known["xla_us"] or c.xla_us
                 logger.debug("%s: kernels of regions %s: %s", self.name, sorted(subset), c.reason)
             return c
 
