@@ -15,7 +15,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,6 +259,7 @@ def best_subset(
     suspects: Sequence[int] = (),
     clock: Callable[[], float] = time.perf_counter,
     wins: Mapping[int, float] | None = None,
+    first: Collection[int] = (),
 ) -> tuple[frozenset[int], FunctionCheck] | None:
     """The set of kernels (region indices) to keep, given the check of all of them (`full`).
 
@@ -269,7 +270,9 @@ def best_subset(
       faster by `KEEP_ALL_TIE`; then, while another check fits in `ADD_BACK_S` since this
       started (`clock`, judged by the last check's time), the suspects are added back one at
       a time, and the other kernels left out one at a time (smallest region win first,
-      `wins`), each change kept if it makes the function faster by `KEEP_ALL_TIE`.
+      `wins`; those in `first`, the regions timed in context, before the rest: XLA's code
+      for the layout steps at their edges differs most inside the function), each change
+      kept if it makes the function faster by `KEEP_ALL_TIE`.
     - All lost: the set without every suspect first; if it beats jax.jit, the suspects are
       added back one at a time (at most `max_tries`, while another check fits in
       `ADD_BACK_S`), each kept if it makes the function faster by `KEEP_ALL_TIE`.
@@ -310,7 +313,9 @@ def best_subset(
             best = (everything, full)
         else:
             best = _toggled(core, best[1], suspects[:max_tries], timed, affordable) or best
-        others = sorted(best[0] - set(suspects), key=lambda k: ((wins or {}).get(k, 0.0), k))
+        others = sorted(
+            best[0] - set(suspects), key=lambda k: (k not in first, (wins or {}).get(k, 0.0), k)
+        )
         return _toggled(*best, others, timed, affordable, differ_stops=False)
     if len(everything) < 2 or full.kernels_us is None:
         return None

@@ -23,7 +23,7 @@ from mirage_jax.function_check import (
     region_wins,
 )
 from mirage_jax.log import logger
-from mirage_jax.runner_up import try_runner_ups
+from mirage_jax.runner_up import in_context, try_runner_ups
 
 
 class FunctionChoice:
@@ -116,8 +116,9 @@ class FunctionChoice:
                 logger.debug("%s: kernels of regions %s: %s", self.name, sorted(subset), c.reason)
             return c
 
+        first = [k for k, d in kernel.items() if in_context(d)]
         kept = best_subset(
-            sorted(kernel), check, full, suspects=suspects, wins=region_wins(decisions)
+            sorted(kernel), check, full, suspects=suspects, wins=region_wins(decisions), first=first
         )
         return None if kept is None else (*kept, assembled.get(kept[0]))
 

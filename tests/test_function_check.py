@@ -215,6 +215,24 @@ def test_where_all_won_a_clear_winner_that_costs_the_function_is_left_out() -> N
     assert calls[:2] == [frozenset({0, 2, 3}), frozenset({2, 3, 8, 9})]
 
 
+def test_where_all_won_kernels_timed_in_context_are_left_out_first() -> None:
+    """Gemma b=1's shape (H100, 2026-11-26): the norm + QKV kernel, timed in context (its
+    weights stored (heads, D, head_dim)), wins its region by the most (8.9 against 20.9 µs)
+    yet the function is faster without it (40.5 against 49.2 µs); smallest win first, it came
+    last and the allowance could end before it. Regions timed in context go first."""
+    t = {frozenset({0, 3, 4, 9}): 40.51}
+    calls: list = []
+    full = FunctionCheck("kernels", 49.23, 55.63, "fake")
+    wins = {0: 3.7, 1: 11.9, 3: 2.8, 4: 0.85, 9: 8.2}
+    fake = _fake(t, 55.63, calls)
+    got = best_subset([0, 1, 3, 4, 9], fake, full, suspects=[4], wins=wins, first=[1])
+    assert got is not None and got[0] == frozenset({0, 3, 4, 9}) and got[1].kernels_us == 40.51
+    assert calls[1] == frozenset({0, 3, 4, 9})  # after the set without the suspect
+    calls.clear()
+    best_subset([0, 1, 3, 4, 9], fake, full, suspects=[4], wins=wins)
+    assert calls.index(frozenset({0, 3, 4, 9})) == len(calls) - 1  # smallest win first: last
+
+
 def test_small_cuts_that_cost_together_are_left_out_together() -> None:
     """All kernels lose together, and leaving any one out would not help: small kernels
     (suspects) each cost XLA a fusion (equinox b=1 on the H100, 2026-11-25: nine kernels 45.1
