@@ -94,13 +94,7 @@ def try_runner_ups(
         return Tried(tuple(decisions), kept, base, False)
     changed = False
     for d in runners:
-        as_kernel = dataclasses.replace(
-            d,
-            status="kernel",
-            mugraph=d.runner_up,
-            runner_up=None,
-            reason=d.reason,
-        )
+        as_kernel = dataclasses.replace(d, status="kernel", mugraph=d.runner_up, runner_up=None)
         subset = kept | {d.index}
         got = check(subset, {d.index: as_kernel})
         if got is None or got.mismatch is not None or got.kernels_us is None:
