@@ -157,21 +157,16 @@ def caches_of(model: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     )
 
 
-def donated(model: Any, inputs: Any, cache_path: Path, args: argparse.Namespace) -> dict:
-    """Both jits with the KV caches donated, as a decode loop runs a step: each call's
-    updated caches are the next call's (`profile.time_trace(feed=...)`), so an in-place
-    update needs no copy. `mirage_jax.jit` reuses the row's cache (no second search). The
-    floor counts the caches read once and only the new rows written
-    (`Model.floor_us(in_place_cache=True)`) at the run's measured copy bandwidth."""
+def decode_loop(model: Any, inputs: Any) -> tuple[Any, Any]:
+    """(inputs, feed) for `profile.time_trace` of a decode step with donated KV caches: each
+    input set owns copies of its caches (a donated buffer is consumed), and `feed` passes a
+    call's updated caches on to the next call, as a decode loop does."""
     import jax.numpy as jnp
-
-    import mirage_jax
-    from mirage_jax.profile import time_trace
 
     ci, co = caches_of(model)
     drawn = functools.cache(inputs)  # a 7B block's draw takes seconds
 
-    def fresh(s: int) -> tuple:  # donated buffers are consumed: each set owns its caches
+    def fresh(s: int) -> tuple:
         return tuple(jnp.copy(a) if i in ci else a for i, a in enumerate(drawn(s)))
 
     def feed(xs: tuple, out: Any) -> tuple:
@@ -180,6 +175,20 @@ def donated(model: Any, inputs: Any, cache_path: Path, args: argparse.Namespace)
             xs[i] = out[o]
         return tuple(xs)
 
+    return fresh, feed
+
+
+def donated(model: Any, inputs: Any, cache_path: Path, args: argparse.Namespace) -> dict:
+    """Both jits with the KV caches donated, as a decode loop runs a step: each call's
+    updated caches are the next call's (`profile.time_trace(feed=...)`), so an in-place
+    update needs no copy. `mirage_jax.jit` reuses the row's cache (no second search). The
+    floor counts the caches read once and only the new rows written
+    (`Model.floor_us(in_place_cache=True)`) at the run's measured copy bandwidth."""
+    import mirage_jax
+    from mirage_jax.profile import time_trace
+
+    ci, _ = caches_of(model)
+    fresh, feed = decode_loop(model, inputs)
     f = mirage_jax.jit(model.fn, cache=cache_path, workers=args.workers, donate_argnums=ci)
     jax.block_until_ready(f(*fresh(0)))
     t_jax = time_trace(jax.jit(model.fn, donate_argnums=ci), fresh, calls=args.calls, feed=feed)

@@ -146,24 +146,12 @@ def test_donated_caches_are_timed_as_a_decode_loop_runs_them():
     """Donation with `feed` (the Llama nnx decode step, realistic size): every call gets
     caches it may consume, and the step updates them in place: the copies that the plain
     step makes to return its caches are gone."""
-    import jax.numpy as jnp
-
     from experiments import models as M
-    from experiments.never_slower import caches_of
+    from experiments.never_slower import caches_of, decode_loop
 
     m = M.get("llama_decode_nnx", batch=1, size="realistic")
-    args = m.make(0).args
-    ci, co = caches_of(m)
-
-    def fresh(s):
-        return tuple(jnp.copy(a) if i in ci else a for i, a in enumerate(args))
-
-    def fed(a, o):
-        a = list(a)
-        for i, k in zip(ci, co):
-            a[i] = o[k]
-        return tuple(a)
-
+    ci, _ = caches_of(m)
+    fresh, fed = decode_loop(m, lambda s: m.make(0).args)
     donated = profile.time_trace(jax.jit(m.fn, donate_argnums=ci), fresh, calls=5, feed=fed)
     plain = profile.time_trace(jax.jit(m.fn), fresh, calls=5)
     copies = [[n for n, *_ in t.kernels if "memcpy" in n.lower()] for t in (donated, plain)]
