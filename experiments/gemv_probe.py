@@ -31,6 +31,9 @@ SHAPES = {  # name: (rows, K, N), the realistic Llama decode block's projections
     "down_b8": (8, 2816, 1024),
     "qkv_b8": (8, 1024, 1536),
     "o_b1": (1, 1024, 1024),
+    "qkv_7b_b1": (1, 4096, 6144),
+    "gate_up_7b_b1": (1, 4096, 22016),
+    "down_7b_b1": (1, 11008, 4096),
 }
 
 
@@ -131,7 +134,7 @@ def probe(shapes: list[str], calls: int, per_shape_s: float) -> dict:
         tried = []
         deadline = time.monotonic() + per_shape_s
         for bn, bk, split, dot in itertools.product(
-            (32, 64, 128, 256), (64, 128, 256), (1, 2, 4, 8), (0, 1, 2)
+            (32, 64, 128, 256), (64, 128, 256, 512), (1, 2, 4, 8), (0, 1, 2)
         ):
             if n % bn or k % (split * bk) or (dot and m == 1) or (dot == 2 and bn < 64):
                 continue

@@ -32,10 +32,11 @@ from lax_ir.program import Program
 from mirage_jax.lower.kernel_graph import LOOP_SPLIT, WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
+from mirage_jax.search.cost import stored_axes
 from mirage_jax.search.driver import SearchResult
 from mirage_jax.search.order import FAR_BEHIND as FAR_BEHIND
 from mirage_jax.search.order import timing_order
-from mirage_jax.tuning import SMALL_TUNING_US, split_variants, warp_variants
+from mirage_jax.tuning import SMALL_TUNING_US, split_variants, warp_variants, wide_variants
 
 
 class NotEqual(ValueError):
@@ -255,8 +256,10 @@ def select(
             interface included; the float check stays on the canonical inputs.
         tune_warps: also time the fastest µGraph with 8 warps per block (`warp_variants`, its
             meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
-            loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); the lowering
-            reads the meta when given no config; keep the fastest.
+            loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); a decode
+            GEMV also at numbers that read its weights in wide tiles (`wide_variants`,
+            verified like any candidate); the lowering reads the meta when given no config;
+            keep the fastest.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
@@ -419,9 +422,14 @@ def select(
         variants = [
             (label, MuGraph(base.ops, base.outputs, {**base.meta, **m})) for label, m in tuned
         ]
+        # other numbers (tiles, loop splits): a µGraph of its own, verified unless `late`
+        contiguous = stored_axes(program)
+        wide = [(f"{c.label}, {why}", h) for why, h in wide_variants(base, backend, contiguous)]
+        known = [(c.verdict, order)] * len(variants) + [(None, order) if late else None] * len(wide)
+        variants += wide
         threads = max(1, min(int(compile_threads), len(variants)))
         with concurrent.futures.ThreadPoolExecutor(threads, "mirage_jax-tune") as pool:
-            ready = list(pool.map(lambda lg: prepare(lg[0], lg[1], (c.verdict, order)), variants))
+            ready = list(pool.map(lambda lg, k: prepare(lg[0], lg[1], k), variants, known))
         for p in ready:
             more = attempt(p)
             contenders.append(more)

@@ -8,6 +8,8 @@ config; `select` times each variant these name and keeps the fastest.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
@@ -83,3 +85,138 @@ def split_variants(g: MuGraph, backend: str) -> list[int]:
         if split and max(math.prod(p.grid) for p in split) * s <= SPLIT_BLOCKS:
             out.append(s)
     return out[:MAX_SPLITS]
+
+
+WIDE_ROW_BYTES = (256, 128)
+"""The widths, in bytes along its stored rows, of the weight tile a `wide_variants` variant
+reads per block and step (a decode GEMV, hand-written on the H100, 2026-11-26,
+`gemv_probe_h100_2026-11-26za`: [1, 4096] × [4096, 6144] fp16 ran 19.6 µs at 128 columns ×
+128 rows split 8 ways, 22.4 µs at 32 × 512 unsplit; the search's norm + QKV kernel of 16-column
+tiles took 27.7)."""
+
+WIDE_TILE_ELEMENTS = 1 << 14
+"""Elements of the weight tile per block and loop step in a `wide_variants` variant."""
+
+WIDE_MIN_BYTES = 1 << 20
+"""`wide_variants` re-tiles only µGraphs whose kernels' largest inputs (weights) add up to at
+least this many bytes, and in them each kernel whose weights make at least half of what it
+reads."""
+
+FILL_PER_SM = 2
+"""`wide_variants` splits a re-tiled kernel's loop until its launch runs this many blocks per
+SM (or `SPLIT_PARTS` runs out)."""
+
+
+def sm_count() -> int:
+    """The GPU's SMs (132 on an H100 SXM where jax does not say)."""
+    try:
+        import jax
+
+        return int(getattr(jax.devices()[0], "core_count", 0) or 132)
+    except Exception:  # no backend: the H100's count
+        return 132
+
+
+def _wide_numbers(
+    g: MuGraph, op: Any, row_bytes: int, contiguous: Mapping[int, int]
+) -> tuple[tuple[int, ...], int] | None:
+    """(grid, loop) for a kernel whose largest input (a weight) is then read in tiles
+    `row_bytes` wide along its stored rows and `WIDE_TILE_ELEMENTS` in all per loop step; None
+    where the kernel is no decode GEMV (its weights less than half of what it reads) or its
+    maps do not allow it. `contiguous`: region input -> its axis contiguous in memory, where
+    it is not the last (an input read in place through a view: `cost.stored_axes`)."""
+    import numpy as np
+
+    bg = op.block_graph
+    sizes = [math.prod(b.shape) * np.dtype(b.dtype).itemsize for b in bg.inputs]
+    k = max(range(len(sizes)), key=sizes.__getitem__)
+    w = bg.inputs[k]
+    alike = (w.shape, w.imap, w.forloop_dim)  # gate and up: two weights alike
+    like = sum(n for b, n in zip(bg.inputs, sizes) if (b.shape, b.imap, b.forloop_dim) == alike)
+    if 2 * like < sum(sizes) or w.forloop_dim is None:
+        return None
+    src = g.ops[op.args[k][0]]
+    at = src.param("index") if src.op == "input" else None
+    last, fd = contiguous.get(at, len(w.shape) - 1), w.forloop_dim
+    width = row_bytes // np.dtype(w.dtype).itemsize
+    if last not in w.imap and fd != last:
+        return None
+    grid = list(bg.grid)
+    other = [d for d in range(len(w.shape)) if d not in (last, fd) and w.shape[d] > 1]
+    if other or w.shape[last] % width or w.shape[last] < width:
+        return None
+    if fd == last:  # the loop walks the stored rows: steps at least `width` wide
+        if w.shape[last] // bg.forloop_range >= width:
+            return None
+        return tuple(grid), w.shape[last] // width
+    # the grid splits the stored rows: tiles `width` wide, the loop walks the rest
+    grid[w.imap.index(last)] = w.shape[last] // width
+    rows = WIDE_TILE_ELEMENTS // width
+    if w.shape[fd] % rows:
+        return None
+    return tuple(grid), max(1, w.shape[fd] // rows)
+
+
+def wide_variants(
+    g: MuGraph, backend: str, contiguous: Mapping[int, int] | None = None
+) -> list[tuple[str, MuGraph]]:
+    """The same µGraph at other numbers for its decode GEMV kernels: weight tiles
+    `WIDE_ROW_BYTES` wide along the stored rows (the search's cheapest instances read them in
+    32-128 B pieces), with the loop split (`LOOP_SPLIT`) until each launch fills the GPU
+    (`FILL_PER_SM`); labelled, for `select(tune_warps=True)` to verify and time.
+    `contiguous`: as `_wide_numbers` takes it (default: every input row-major)."""
+    import numpy as np
+
+    from mirage_jax.lower.kernel_graph import LOOP_SPLIT
+    from mirage_jax.mugraph import MuGraphError
+    from mirage_jax.mugraph.resize import with_numbers
+
+    weights = sum(
+        max(math.prod(b.shape) * np.dtype(b.dtype).itemsize for b in op.block_graph.inputs)
+        for _, op in g.graph_defined()
+    )
+    if weights < WIDE_MIN_BYTES:
+        return []
+    group = set(g.one_launch())
+    out: list[tuple[str, MuGraph]] = []
+    seen = set()
+    for row_bytes in WIDE_ROW_BYTES:
+        numbers = {}
+        for i, op in g.graph_defined():
+            n = _wide_numbers(g, op, row_bytes, contiguous or {})
+            if n is not None and n != (tuple(op.block_graph.grid), op.block_graph.forloop_range):
+                numbers[i] = n
+        if not numbers:
+            continue
+        try:
+            h = with_numbers(g, numbers)
+        except (MuGraphError, ValueError):
+            continue
+        blocks = _launch_blocks(h, group)
+        loops = [op.block_graph.forloop_range for _, op in h.graph_defined()]
+        splits = 1
+        for s in SPLIT_PARTS:
+            if max(blocks) * splits >= FILL_PER_SM * sm_count():
+                break
+            if any(f % s for f in loops):
+                break
+            splits = s
+        meta = {**h.meta, LOOP_SPLIT: splits} if splits > 1 else dict(h.meta)
+        h = MuGraph(h.ops, h.outputs, meta)
+        key = (h.canonical_hash, splits)
+        if key in seen:
+            continue
+        seen.add(key)
+        label = f"weights read {row_bytes} B wide" + (
+            f", loop in {splits} parts" if splits > 1 else ""
+        )
+        out.append((label, h))
+    return out
+
+
+def _launch_blocks(g: MuGraph, group: set[int]) -> list[int]:
+    """Blocks per launch: the one-launch group's together, each other kernel's alone."""
+    kernels = g.graph_defined()
+    alone = [math.prod(op.block_graph.grid) for i, op in kernels if i not in group]
+    grouped = sum(math.prod(op.block_graph.grid) for i, op in kernels if i in group)
+    return alone + ([grouped] if grouped else [])

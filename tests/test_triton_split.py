@@ -17,8 +17,16 @@ from mirage_jax.lower import LoweringError, TritonConfig, lower, plan
 from mirage_jax.lower import triton as tr
 from mirage_jax.lower.kernel_graph import LOOP_SPLIT
 from mirage_jax.lower.triton_split import split_refusal
-from mirage_jax.mugraph import BlockGraphBuilder, MuGraph, MuGraphBuilder, evaluate_reference
-from mirage_jax.tuning import split_variants
+from mirage_jax.mugraph import (
+    BlockGraphBuilder,
+    MuGraph,
+    MuGraphBuilder,
+    MuGraphError,
+    evaluate_reference,
+)
+from mirage_jax.mugraph.graph import ONE_LAUNCH
+from mirage_jax.mugraph.resize import with_numbers
+from mirage_jax.tuning import split_variants, wide_variants
 from tests.test_lower import softmax_graph
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -135,3 +143,97 @@ def test_a_split_loop_on_the_gpu(splits):
     (split,) = lower(g, backend="triton", config=TritonConfig(loop_split=splits))(*xs)
     assert _rel(whole, ref) < 5e-3 and _rel(split, ref) < 5e-3
     np.testing.assert_allclose(np.asarray(split), np.asarray(whole), rtol=2e-3, atol=2e-3)
+
+
+def two_norm_gemms(n=64, k=128, grid=2, loop=4, dtype="float16", one_launch=True):
+    """Two independent norm + GEMM kernels of the same x (Q and K of a decode step), launched
+    as one where `one_launch`."""
+    mb = MuGraphBuilder()
+    x, gain = mb.input((8, k), dtype), mb.input((1, k), dtype)
+    outs = []
+    for width in (n, n // 2):
+        w = mb.input((k, width), dtype)
+        b = BlockGraphBuilder(grid=(grid,), forloop_range=loop)
+        bx = b.input((8, k), dtype, imap=(None,), forloop_dim=1)
+        bgain = b.input((1, k), dtype, imap=(None,), forloop_dim=1)
+        bw = b.input((k, width), dtype, imap=(1,), forloop_dim=0)
+        acc = b.op("accum_sum", b.op("matmul", b.op("mul", bx, bgain), bw))
+        b.output(b.op("div", acc, b.op("accum_rms_last", bx, eps=1e-6)), (1,))
+        outs += mb.graph_defined([x, gain, w], b.build())
+    g = mb.build(outs, name="two_norm_gemms")
+    return MuGraph(g.ops, g.outputs, {**g.meta, ONE_LAUNCH: one_launch})
+
+
+def test_a_one_launch_group_splits_its_loops_in_two_launches(launched):
+    g = two_norm_gemms()
+    assert g.one_launch()
+    xs = _inputs(g)
+    refs = evaluate_reference(g, *xs)
+    launched.clear()
+    outs = lower(g, backend="triton", config=TritonConfig(loop_split=2), interpret=True)(*xs)
+    assert [n.rsplit("_", 1)[-1] for n in launched] == ["part", "finish"], launched
+    assert all(n.startswith("mugraph_group_") for n in launched)
+    for out, ref in zip(outs, refs):
+        assert _rel(out, ref) < 5e-3
+    plans = [p for _, p in sorted(plan(g).items())]
+    part = tr.generate_group_source(plans, TritonConfig(loop_split=2), "k", mode="partial")
+    assert "k1_split = k1_local % 2" in part and "tl.store(k1_part0" in part
+    assert "k0_out0" not in part  # the partial launch writes partials only
+    finish = tr.generate_group_source(plans, TritonConfig(loop_split=2), "k", mode="finish")
+    assert "k1_part0" in finish and "tl.store(k1_out0" in finish and "for k0_it" not in finish
+    # a split no kernel of the group allows: one launch, loops whole
+    launched.clear()
+    lower(g, backend="triton", config=TritonConfig(loop_split=8), interpret=True)(*xs)
+    assert len(launched) == 1 and not launched[0].endswith(("_part", "_finish"))
+
+
+def test_other_numbers_give_the_same_values_and_bad_ones_are_refused():
+    g = norm_gemm_graph()
+    ((i, _),) = g.graph_defined()
+    xs = _inputs(g)
+    (ref,) = evaluate_reference(g, *xs)
+    for grid, loop in (((1,), 8), ((4,), 2), ((2,), 1)):
+        h = with_numbers(g, {i: (grid, loop)})
+        (kernel,) = [op for op in h.ops if op.block_graph is not None]
+        assert (kernel.block_graph.grid, kernel.block_graph.forloop_range) == (grid, loop)
+        (out,) = evaluate_reference(h, *xs)
+        np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-9)
+    with pytest.raises(MuGraphError):
+        with_numbers(g, {i: ((3,), 4)})  # 64 columns in 3 blocks
+    with pytest.raises(ValueError, match="grid"):
+        with_numbers(g, {i: ((2, 2), 4)})
+
+
+def test_wide_variants_read_a_decode_weight_in_wide_tiles():
+    """A [8, 1024] × [1024, 2048] fp16 norm + GEMM in 128 blocks of 16 columns (32 B of each
+    weight row): its variants read 128 and 64 columns, split until 2 blocks per SM."""
+    g = two_norm_gemms(n=2048, k=1024, grid=128, loop=4)
+    variants = wide_variants(g, "triton")
+    got = {label: h for label, h in variants}
+    assert list(got) == [
+        "weights read 256 B wide, loop in 8 parts",
+        "weights read 128 B wide, loop in 4 parts",
+    ]
+    h = got["weights read 256 B wide, loop in 8 parts"]
+    numbers = [(op.block_graph.grid, op.block_graph.forloop_range) for _, op in h.graph_defined()]
+    assert numbers == [((16,), 8), ((8,), 8)]  # 128 columns, 128 rows a step
+    assert h.meta[LOOP_SPLIT] == 8 and h.one_launch()
+    xs = _inputs(g)
+    for a, b in zip(evaluate_reference(h, *xs), evaluate_reference(g, *xs)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+    # a weight stored transposed (read in place, its rows contiguous along K): already wide
+    assert wide_variants(g, "triton", {2: 0, 3: 0}) == []
+    # small weights are not re-tiled
+    assert wide_variants(two_norm_gemms(), "triton") == []
+
+
+@pytest.mark.gpu
+def test_a_split_group_on_the_gpu():
+    """A one-launch group split 4 ways through jax-triton gives the values of the whole loops."""
+    g = two_norm_gemms()
+    xs = _inputs(g)
+    whole = lower(g, backend="triton")(*xs)
+    split = lower(g, backend="triton", config=TritonConfig(loop_split=4))(*xs)
+    for a, b, ref in zip(split, whole, evaluate_reference(g, *xs)):
+        assert _rel(a, ref) < 5e-3
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-3)

@@ -197,7 +197,8 @@ def lower(
     if group:
         where = f"kernel ops {list(group)} (graph_defined, one launch)"
         launch = mod.build_group(
-            [plans[i] for i in group], configs.get(group[0], config), interpret=interpret,
+            [plans[i] for i in group], _group_config(group, plans, configs, config, split, refusal),
+            interpret=interpret,
             where=where,
             views=[kernel_views[i] for i in group],
         )  # fmt: skip
@@ -322,3 +323,16 @@ def lowered_ops(mugraph: MuGraph) -> Sequence[str]:
         if op.block_graph is not None:
             names.extend(b.op for b in op.block_graph.ops)
     return names
+
+
+def _group_config(
+    group: Sequence[int], plans: Mapping[int, Any], configs: Mapping[int, Any], config: Any,
+    split: int, refusal: Callable[..., str | None] | None,
+) -> Any:  # fmt: skip
+    """The config of a one-launch group: its first kernel's, its loops split `split` ways
+    where the backend splits a group and none of its kernels' plans refuses it, else whole."""
+    cfg = configs.get(group[0], config)
+    if not hasattr(cfg, "loop_split"):
+        return cfg
+    whole = refusal is None or split < 2 or any(refusal(plans[i], split) for i in group)
+    return dataclasses.replace(cfg, loop_split=1 if whole else split)

@@ -196,3 +196,28 @@ def sequential_batching(kernel: Callable[..., Sequence[jax.Array]]) -> Callable[
         return outs, tuple(True for _ in outs)
 
     return lambda *xs: list(call(*xs))
+
+
+def compile_for(source_fn: Any, dtypes: list[str], config: Any = None, cc: int = 90) -> Any:
+    """Compile a generated kernel for CUDA compute capability `cc` without a GPU (CPU check),
+    with `config`'s warps and stages (a `TritonConfig`; default 4 and 3).
+
+    Returns Triton's compiled kernel (its `.asm` has ttir/ttgir/ptx/cubin, `.metadata.shared`
+    the shared memory in bytes); raises the compiler's error otherwise.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    sig = {a: f"*{_TRITON_TY[dt]}" for a, dt in zip(source_fn.arg_names, dtypes)}
+    # jax-triton specializes every array argument as 16-byte aligned; without that hint the
+    # loads are not vectorized and the loop is not pipelined (no cp.async)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(sig))}
+    src = triton.compiler.ASTSource(fn=source_fn, signature=sig, constexprs={}, attrs=attrs)
+    options = {
+        "num_warps": getattr(config, "num_warps", 4),
+        "num_stages": getattr(config, "num_stages", 3),
+    }
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+
+
+_TRITON_TY = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

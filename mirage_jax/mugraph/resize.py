@@ -9,7 +9,7 @@ the number of elements, its correctness class does not).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mirage_jax.mugraph.graph import BlockInput, KernelOp, MuGraph, make_params
 from mirage_jax.mugraph.validate import kernel_shapes
@@ -44,4 +44,26 @@ def with_input_shapes(g: MuGraph, shapes: Sequence[Sequence[int]]) -> MuGraph:
             new.append(op)
     out = MuGraph.build(new, g.outputs, g.meta)
     out.shapes  # noqa: B018  (raises MuGraphError where the new shapes break a rule)
+    return out
+
+
+def with_numbers(g: MuGraph, numbers: Mapping[int, tuple[Sequence[int], int]]) -> MuGraph:
+    """`g` with graph-defined kernel op i run over grid `numbers[i][0]` with a for-loop of
+    `numbers[i][1]` iterations (the other kernels as they are); maps and ops kept, tiles
+    re-inferred. A µGraph's verified structure holds at any such numbers; a `MuGraphError`
+    names the rule the new ones break (an uneven split, a tile that is not a power of two)."""
+    new: list[KernelOp] = []
+    for i, op in enumerate(g.ops):
+        bg = op.block_graph
+        if bg is None or i not in numbers:
+            new.append(op)
+            continue
+        grid, loop = numbers[i]
+        grid = tuple(int(x) for x in grid)
+        if len(grid) != len(bg.grid):
+            raise ValueError(f"kernel op {i}: grid {grid} for a grid of {len(bg.grid)} axes")
+        blocks = type(bg)(grid, int(loop), bg.inputs, bg.ops, bg.outputs)
+        new.append(KernelOp(op.op, op.args, op.params, blocks))
+    out = MuGraph.build(new, g.outputs, g.meta)
+    out.shapes  # noqa: B018  (raises MuGraphError where the numbers break a rule)
     return out
