@@ -95,7 +95,9 @@ reads per block and step (a decode GEMV, hand-written on the H100, 2026-11-26,
 tiles took 27.7)."""
 
 WIDE_TILE_ELEMENTS = 1 << 14
-"""Elements of the weight tile per block and loop step in a `wide_variants` variant."""
+"""Elements of the weight tiles (all alike weights together: gate and up) per block and loop
+step in a `wide_variants` variant: 32 KB in fp16, so that three pipelining stages leave room
+for two blocks per SM."""
 
 WIDE_MIN_BYTES = 1 << 20
 """`wide_variants` re-tiles only µGraphs whose kernels' largest inputs (weights) add up to at
@@ -132,8 +134,8 @@ def _wide_numbers(
     k = max(range(len(sizes)), key=sizes.__getitem__)
     w = bg.inputs[k]
     alike = (w.shape, w.imap, w.forloop_dim)  # gate and up: two weights alike
-    like = sum(n for b, n in zip(bg.inputs, sizes) if (b.shape, b.imap, b.forloop_dim) == alike)
-    if 2 * like < sum(sizes) or w.forloop_dim is None:
+    like = [n for b, n in zip(bg.inputs, sizes) if (b.shape, b.imap, b.forloop_dim) == alike]
+    if 2 * sum(like) < sum(sizes) or w.forloop_dim is None:
         return None
     src = g.ops[op.args[k][0]]
     at = src.param("index") if src.op == "input" else None
@@ -151,7 +153,7 @@ def _wide_numbers(
         return tuple(grid), w.shape[last] // width
     # the grid splits the stored rows: tiles `width` wide, the loop walks the rest
     grid[w.imap.index(last)] = w.shape[last] // width
-    rows = WIDE_TILE_ELEMENTS // width
+    rows = WIDE_TILE_ELEMENTS // len(like) // width  # the step's weight tiles: 32 KB in all
     if w.shape[fd] % rows:
         return None
     return tuple(grid), max(1, w.shape[fd] // rows)
