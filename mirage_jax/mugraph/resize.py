@@ -49,20 +49,25 @@ def with_input_shapes(g: MuGraph, shapes: Sequence[Sequence[int]]) -> MuGraph:
 
 def with_numbers(g: MuGraph, numbers: Mapping[int, tuple[Sequence[int], int]]) -> MuGraph:
     """`g` with graph-defined kernel op i run over grid `numbers[i][0]` with a for-loop of
-    `numbers[i][1]` iterations (the other kernels as they are); maps and ops kept, tiles
-    re-inferred. A µGraph's verified structure holds at any such numbers; a `MuGraphError`
+    `numbers[i][1]` iterations (the other kernels' numbers as they are); maps and ops kept,
+    tiles and the shapes kernels pass on (a split's partials) re-inferred. A µGraph's verified structure holds at any such numbers; a `MuGraphError`
     names the rule the new ones break (an uneven split, a tile that is not a power of two)."""
     new: list[KernelOp] = []
     for i, op in enumerate(g.ops):
         bg = op.block_graph
-        if bg is None or i not in numbers:
+        if bg is None:
             new.append(op)
             continue
-        grid, loop = numbers[i]
+        grid, loop = numbers.get(i, (bg.grid, bg.forloop_range))
         grid = tuple(int(x) for x in grid)
         if len(grid) != len(bg.grid):
             raise ValueError(f"kernel op {i}: grid {grid} for a grid of {len(bg.grid)} axes")
-        blocks = type(bg)(grid, int(loop), bg.inputs, bg.ops, bg.outputs)
+        known = kernel_shapes(MuGraph(tuple(new), ()))  # an earlier kernel's outputs may change
+        inputs = tuple(
+            BlockInput(known[a][0], b.dtype, b.imap, b.forloop_dim)
+            for a, b in zip(op.args, bg.inputs)
+        )
+        blocks = type(bg)(grid, int(loop), inputs, bg.ops, bg.outputs)
         new.append(KernelOp(op.op, op.args, op.params, blocks))
     out = MuGraph.build(new, g.outputs, g.meta)
     out.shapes  # noqa: B018  (raises MuGraphError where the numbers break a rule)
