@@ -36,7 +36,13 @@ from mirage_jax.search.cost import stored_axes
 from mirage_jax.search.driver import SearchResult
 from mirage_jax.search.order import FAR_BEHIND as FAR_BEHIND
 from mirage_jax.search.order import timing_order
-from mirage_jax.tuning import SMALL_TUNING_US, split_variants, warp_variants, wide_variants
+from mirage_jax.tuning import (
+    SMALL_TUNING_US,
+    combine_variants,
+    split_variants,
+    warp_variants,
+    wide_variants,
+)
 
 
 class NotEqual(ValueError):
@@ -257,8 +263,9 @@ def select(
         tune_warps: also time the fastest µGraph with 8 warps per block (`warp_variants`, its
             meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
             loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); a decode
-            GEMV also at numbers that read its weights in wide tiles (`wide_variants`,
-            verified like any candidate); the lowering reads the meta when given no config;
+            GEMV also at numbers that read its weights in wide tiles (`wide_variants`), and a
+            split's combine over more blocks (`combine_variants`), each verified like any
+            candidate; the lowering reads the meta when given no config;
             keep the fastest.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
@@ -424,7 +431,10 @@ def select(
         ]
         # other numbers (tiles, loop splits): a µGraph of its own, verified unless `late`
         contiguous = stored_axes(program)
-        wide = [(f"{c.label}, {why}", h) for why, h in wide_variants(base, backend, contiguous)]
+        wide = [
+            (f"{c.label}, {why}", h)
+            for why, h in wide_variants(base, backend, contiguous) + combine_variants(base)
+        ]
         known = [(c.verdict, order)] * len(variants) + [(None, order) if late else None] * len(wide)
         variants += wide
         threads = max(1, min(int(compile_threads), len(variants)))

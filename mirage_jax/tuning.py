@@ -222,3 +222,47 @@ def _launch_blocks(g: MuGraph, group: set[int]) -> list[int]:
     alone = [math.prod(op.block_graph.grid) for i, op in kernels if i not in group]
     grouped = sum(math.prod(op.block_graph.grid) for i, op in kernels if i in group)
     return alone + ([grouped] if grouped else [])
+
+
+COMBINE_DIM_MAX = 32
+"""`combine_variants` gives a split's combining kernel one block per row of each output dim
+of at most this many rows (heads, query groups)."""
+
+
+def combine_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
+    """The µGraph with its splits' combining kernels over more blocks: each grid axis one
+    block per row of the output dims it splits, where those have at most `COMBINE_DIM_MAX`
+    rows (Llama-7B decode attention at b=1, H100, 2026-11-26: its combine over 16 partials
+    took 2.5 µs in 16 blocks, 1.9 in 32; `attention_numbers_probe_h100_2026-11-26zv`);
+    labelled, for `select(tune_warps=True)` to verify and time."""
+    from mirage_jax.mugraph import MuGraphError
+    from mirage_jax.mugraph.resize import with_numbers
+
+    kernels = dict(g.graph_defined())
+    shapes = g.shapes
+    numbers = {}
+    for i, op in kernels.items():
+        bg = op.block_graph
+        combines = any(
+            a[0] in kernels
+            and b.forloop_dim is not None
+            and b.forloop_dim in kernels[a[0]].block_graph.outputs[a[1]].omap
+            for a, b in zip(op.args, bg.inputs)
+        )
+        if not combines:
+            continue
+        grid = list(bg.grid)
+        for axis in range(len(grid)):
+            rows = {shapes[(i, j)][0][o.omap[axis]] for j, o in enumerate(bg.outputs)}
+            if None not in rows and len(rows) == 1 and max(rows) <= COMBINE_DIM_MAX:
+                grid[axis] = max(grid[axis], rows.pop())
+        if tuple(grid) != bg.grid and math.prod(grid) <= 4 * sm_count():
+            numbers[i] = (tuple(grid), bg.forloop_range)
+    if not numbers:
+        return []
+    try:
+        h = with_numbers(g, numbers)
+    except (MuGraphError, ValueError):
+        return []
+    grids = ", ".join(str(n[0]) for n in numbers.values())
+    return [(f"its combine over grid {grids}", h)]

@@ -171,6 +171,29 @@ def test_gqa_split_over_kv_plus_combining_kernel(name):
     check_all_verified(p, r)
 
 
+def test_a_combine_over_few_blocks_gets_a_variant_over_one_block_per_row():
+    """`tuning.combine_variants`: a split-KV µGraph whose combining kernel runs in one block
+    gets a variant with one block per head row; both give the same values."""
+    from mirage_jax.mugraph.resize import with_numbers
+    from mirage_jax.tuning import combine_variants
+
+    p, r = searched("gqa_stable")
+    g = next(g for g in r.mugraphs if len(kernels(g)) == 2 and "split" in g.meta["structure"])
+    (a, first), (b, combine) = g.graph_defined()
+    few = with_numbers(
+        g, {b: ((1,) * len(combine.block_graph.grid), combine.block_graph.forloop_range)}
+    )
+    ((label, wide),) = combine_variants(few)
+    grid = dict(wide.graph_defined())[b].block_graph.grid
+    assert math.prod(grid) > 1 and label == f"its combine over grid {grid}"
+    from mirage_jax.select import random_inputs
+
+    xs = [np.asarray(x) for x in random_inputs(p, 0)]
+    for u, v in zip(evaluate_reference(wide, *xs), evaluate_reference(g, *xs)):
+        np.testing.assert_allclose(u, v, rtol=1e-9, atol=1e-12)
+    assert combine_variants(wide) == []  # already one block per row
+
+
 def test_gqa_stable_online_softmax():
     p, r = searched("gqa_stable")
 
