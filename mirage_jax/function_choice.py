@@ -21,6 +21,7 @@ from mirage_jax.function_check import (
     checked,
     marginal,
     region_wins,
+    short_of_wins,
 )
 from mirage_jax.log import logger
 from mirage_jax.runner_up import in_context, try_runner_ups
@@ -59,7 +60,8 @@ class FunctionChoice:
         # all kernels lost, or their values differ: the subset that wins (and matches), if
         # any; all won: without the marginal ones, if faster still (`best_subset`)
         suspects = marginal(decisions) if check is not None and run is not None else []
-        if check is not None and run is not None and (check.choice == "xla" or suspects):
+        short = check is not None and short_of_wins(check, region_wins(decisions))
+        if check is not None and run is not None and (check.choice == "xla" or suspects or short):
             kernels = [d.index for d in decisions if d.status == "kernel"]
             logger.info("%s: all %d kernels: %s", name, len(kernels), check.reason)
             kept = self._kept_kernels(decisions, replacements, check, suspects)
