@@ -42,6 +42,7 @@ from mirage_jax.tuning import (
     split_variants,
     warp_variants,
     wide_variants,
+    within,
 )
 
 
@@ -266,7 +267,8 @@ def select(
             GEMV also at numbers that read its weights in wide tiles (`wide_variants`), and a
             split's combine over more blocks (`combine_variants`), each verified like any
             candidate; the lowering reads the meta when given no config;
-            keep the fastest.
+            keep the fastest. No variant is timed for a winner slower than XLA by more than
+            `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
@@ -416,7 +418,7 @@ def select(
         if best is None or c.us < best[0]:
             best, best_of = (c.us, g), (c, p.order)
     phases["prepare_and_time_s"] = time.perf_counter() - t0
-    if best is not None and tune_warps and WARPS not in best[1].meta:
+    if tune_warps and best is not None and WARPS not in best[1].meta and within(best[0], xla_us):
         c, order = best_of
         base = best[1]
         small = best[0] <= SMALL_TUNING_US

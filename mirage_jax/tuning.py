@@ -47,6 +47,18 @@ of one µGraph differ (gqa_stable at b=8: its split-KV kernel runs 18.26 µs wit
 17.25 with 8, its combining kernel 2.09 and 2.87; H100, `config_probe_gqa_stable_b8`)."""
 
 
+TUNE_WITHIN = 2.0
+"""`select(tune_warps=True)` times no variant of a winner that took more than this multiple of
+XLA's time: the most a variant has gained is half (Llama nnx b=8, norm + QKV: 9.97 µs, 5.12
+read wide; H100, 2026-11-26), and the compiles of hopeless ones cost the first call (Gemma
+7B b=8's norm + QKV, 70.6 µs against XLA's 23.7: 12.3 s of selection)."""
+
+
+def within(best_us: float, xla_us: float | None) -> bool:
+    """A winner of `best_us` is worth tuning against XLA's `xla_us` (None: not timed)."""
+    return xla_us is None or best_us <= TUNE_WITHIN * xla_us
+
+
 def warp_variants(g: MuGraph, few: bool = True) -> list[int | tuple[int, ...]]:
     """The warps `select(tune_warps=True)` times the fastest µGraph with, beside the default:
     `TUNED_WARPS` for every kernel (and `FEW_WARPS`, with `few`), then, for 2 to

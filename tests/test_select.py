@@ -419,3 +419,25 @@ def test_a_slow_winner_is_timed_again_with_more_warps_only():
 
     sel = select(r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True)
     assert lowered == [None, TUNED_WARPS] and sel.best.meta[WARPS] == TUNED_WARPS
+
+
+def test_a_winner_far_slower_than_xla_is_not_tuned():
+    """Past `TUNE_WITHIN` times XLA's time no variant is timed (their compiles cost the first
+    call, and none has gained that much)."""
+    from mirage_jax.lower.kernel_graph import WARPS
+    from mirage_jax.tuning import TUNE_WITHIN
+
+    r = SearchResult((graph(),), "exhausted", {})
+    lowered = []
+
+    def lower(g, backend="pallas"):
+        lowered.append(g.meta.get(WARPS))
+        fn = fake_lower()(g, backend)
+        fn.us = 10.0 * TUNE_WITHIN + 1.0
+        return fn
+
+    def timer(fn, inputs):
+        return getattr(fn, "us", 10.0), "fake"
+
+    sel = select(r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True)
+    assert lowered == [None] and sel.best is None  # XLA kept, nothing tuned
