@@ -431,13 +431,14 @@ def select(
         variants = [
             (label, MuGraph(base.ops, base.outputs, {**base.meta, **m})) for label, m in tuned
         ]
-        # other numbers (tiles, loop splits): a µGraph of its own, verified unless `late`
+        # other numbers (tiles, loop splits): a µGraph of its own
         contiguous = stored_axes(program)
         wide = [
             (f"{c.label}, {why}", h)
             for why, h in wide_variants(base, backend, contiguous) + combine_variants(base)
         ]
-        known = [(c.verdict, order)] * len(variants) + [(None, order) if late else None] * len(wide)
+        # their verification at full size (seconds at 7B) waits until one of them wins
+        known = [(c.verdict, order)] * len(variants) + [(None, order)] * len(wide)
         variants += wide
         threads = max(1, min(int(compile_threads), len(variants)))
         with concurrent.futures.ThreadPoolExecutor(threads, "mirage_jax-tune") as pool:
@@ -447,7 +448,17 @@ def select(
             contenders.append(more)
             if not more.error and more.us < best[0]:
                 best = (more.us, more.mugraph)
-    if late and best is not None and xla_us is not None and best[0] < xla_us * (1.0 - tie):
+    unverified = (
+        verify_trials is not None
+        and best is not None
+        and not any(c.mugraph is best[1] and c.verdict is not None for c in contenders)
+    )  # a variant at other numbers (`wide_variants`) won: verified now, or the next fastest
+    if (
+        (late or unverified)
+        and best is not None
+        and xla_us is not None
+        and best[0] < xla_us * (1.0 - tie)
+    ):
         best = _verify_fastest(contenders, program, verify_trials, seed, phase, xla_us * (1 - tie))
     _log(program, contenders)
     if best is None:

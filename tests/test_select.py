@@ -441,3 +441,33 @@ def test_a_winner_far_slower_than_xla_is_not_tuned():
 
     sel = select(r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True)
     assert lowered == [None] and sel.best is None  # XLA kept, nothing tuned
+
+
+def test_a_winning_variant_at_other_numbers_is_verified_after_timing(monkeypatch):
+    """A `wide_variants` µGraph is timed unverified (its full-size verification costs seconds
+    at 7B); where it wins, it is verified then, and keeps the verdict."""
+    import mirage_jax.select as S
+    from mirage_jax.mugraph import MuGraph
+
+    base = graph()
+    wide = MuGraph(base.ops, base.outputs, {**base.meta, "variant": "wide"})
+    monkeypatch.setattr(S, "wide_variants", lambda g, backend, contiguous=None: [("wide", wide)])
+    verified = []
+    real = S._verify
+    monkeypatch.setattr(
+        S, "_verify", lambda g, *a: verified.append(g.meta.get("variant")) or real(g, *a)
+    )
+
+    def lower(g, backend="pallas"):
+        fn = fake_lower()(g, backend)
+        fn.us = 5.0 if g.meta.get("variant") else 8.0
+        return fn
+
+    def timer(fn, inputs):
+        return getattr(fn, "us", 10.0), "fake"
+
+    r = SearchResult((base,), "exhausted", {})
+    sel = select(r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True, verify_trials=1)
+    assert sel.best.meta.get("variant") == "wide" and sel.chosen.us == 5.0
+    assert sel.chosen.verdict is not None and sel.chosen.verdict.equal
+    assert verified.count("wide") == 1 and verified[-1] == "wide"  # once, after the timing
