@@ -265,10 +265,10 @@ def select(
             meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
             loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); a decode
             GEMV also at numbers that read its weights in wide tiles (`wide_variants`), and a
-            split's combine over more blocks (`combine_variants`), each verified like any
-            candidate; the lowering reads the meta when given no config;
-            keep the fastest. No variant is timed for a winner slower than XLA by more than
-            `tuning.TUNE_WITHIN`.
+            split's combine over more blocks (`combine_variants`): µGraphs of their own, timed
+            unverified and verified at full size only where one wins; the lowering reads the
+            meta when given no config; keep the fastest. No variant is timed for a winner
+            slower than XLA by more than `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`

@@ -177,8 +177,9 @@ def wide_variants(
     """The same µGraph at other numbers for its decode GEMV kernels: weight tiles
     `WIDE_ROW_BYTES` wide along the stored rows (the search's cheapest instances read them in
     32-128 B pieces), with the loop split (`LOOP_SPLIT`) until each launch fills the GPU
-    (`FILL_PER_SM`); labelled, for `select(tune_warps=True)` to verify and time.
-    `contiguous`: as `_wide_numbers` takes it (default: every input row-major)."""
+    (`FILL_PER_SM`) where `backend` splits loops; labelled, for `select(tune_warps=True)` to
+    time (and verify where one wins). `contiguous`: as `_wide_numbers` takes it (default:
+    every input row-major)."""
     import numpy as np
 
     from mirage_jax.lower.kernel_graph import LOOP_SPLIT
@@ -209,7 +210,7 @@ def wide_variants(
         blocks = _launch_blocks(h, group)
         loops = [op.block_graph.forloop_range for _, op in h.graph_defined()]
         splits = 1
-        for s in SPLIT_PARTS:
+        for s in SPLIT_PARTS if _splits_loops(backend) else ():
             if max(blocks) * splits >= FILL_PER_SM * sm_count():
                 break
             if any(f % s for f in loops):
@@ -226,6 +227,16 @@ def wide_variants(
         )
         out.append((label, h))
     return out
+
+
+def _splits_loops(backend: str) -> bool:
+    """`backend` runs a loop split over the grid (`SPLIT_REFUSAL`: Triton)."""
+    from mirage_jax.lower import backends
+
+    try:
+        return getattr(backends.get(backend).load(), "SPLIT_REFUSAL", None) is not None
+    except (backends.UnknownBackend, ImportError, LoweringError):
+        return False
 
 
 def _launch_blocks(g: MuGraph, group: set[int]) -> list[int]:
@@ -246,7 +257,7 @@ def combine_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
     block per row of the output dims it splits, where those have at most `COMBINE_DIM_MAX`
     rows (Llama-7B decode attention at b=1, H100, 2026-11-26: its combine over 16 partials
     took 2.5 µs in 16 blocks, 1.9 in 32; `attention_numbers_probe_h100_2026-11-26zv`);
-    labelled, for `select(tune_warps=True)` to verify and time."""
+    labelled, for `select(tune_warps=True)` to time (and verify if it wins)."""
     from mirage_jax.mugraph import MuGraphError
     from mirage_jax.mugraph.resize import with_numbers
 

@@ -237,3 +237,10 @@ def test_a_split_group_on_the_gpu():
     for a, b, ref in zip(split, whole, evaluate_reference(g, *xs)):
         assert _rel(a, ref) < 5e-3
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-3)
+
+
+def test_wide_variants_leave_loops_whole_where_the_backend_cannot_split():
+    g = two_norm_gemms(n=2048, k=1024, grid=128, loop=4)
+    labels = [label for label, _ in wide_variants(g, "pallas")]
+    assert labels == ["weights read 256 B wide", "weights read 128 B wide"]
+    assert all(LOOP_SPLIT not in h.meta for _, h in wide_variants(g, "pallas"))
