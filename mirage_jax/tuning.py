@@ -26,8 +26,8 @@ with 2; its o-projection 3.87 and 3.52)."""
 SPLIT_PARTS = (2, 4, 8)
 """The loop splits (`TritonConfig.loop_split`) `select(tune_warps=True)` may time."""
 
-SPLIT_BLOCKS = 4 * 132
-"""... only while a split kernel runs at most this many blocks (four per H100 SM), and at
+SPLIT_BLOCKS_PER_SM = 4
+"""... only while a split kernel runs at most this many blocks per SM (`sm_count`), and at
 most `MAX_SPLITS` of them: a kernel of 64 blocks and 4 loop steps (Llama nnx b=8, norm + QKV)
 ran 10.75 µs whole, 8.03 in 2 parts, 7.04 in 4 (each with its finishing launch); one of 176
 blocks lost 1.4 µs split in 2 (H100, 2026-11-26)."""
@@ -80,7 +80,7 @@ def warp_variants(g: MuGraph, few: bool = True) -> list[int | tuple[int, ...]]:
 def split_variants(g: MuGraph, backend: str) -> list[int]:
     """The loop splits `select(tune_warps=True)` times the fastest µGraph with: the smallest
     `MAX_SPLITS` of `SPLIT_PARTS` that the backend can apply to one of its kernels launched
-    alone (`SPLIT_REFUSAL`), each kernel then running at most `SPLIT_BLOCKS` blocks."""
+    alone (`SPLIT_REFUSAL`), each kernel then running at most `SPLIT_BLOCKS_PER_SM` blocks per SM."""
     from mirage_jax.lower import backends
     from mirage_jax.lower.kernel_graph import plan
 
@@ -94,7 +94,7 @@ def split_variants(g: MuGraph, backend: str) -> list[int]:
     out = []
     for s in SPLIT_PARTS:
         split = [p for p in alone if refusal(p, s) is None]
-        if split and max(math.prod(p.grid) for p in split) * s <= SPLIT_BLOCKS:
+        if split and max(math.prod(p.grid) for p in split) * s <= SPLIT_BLOCKS_PER_SM * sm_count():
             out.append(s)
     return out[:MAX_SPLITS]
 
