@@ -50,8 +50,8 @@ def with_input_shapes(g: MuGraph, shapes: Sequence[Sequence[int]]) -> MuGraph:
 def with_numbers(g: MuGraph, numbers: Mapping[int, tuple[Sequence[int], int]]) -> MuGraph:
     """`g` with graph-defined kernel op i run over grid `numbers[i][0]` with a for-loop of
     `numbers[i][1]` iterations (the other kernels' numbers as they are); maps and ops kept,
-    tiles and the shapes kernels pass on (a split's partials) re-inferred. A µGraph's verified structure holds at any such numbers; a `MuGraphError`
-    names the rule the new ones break (an uneven split, a tile that is not a power of two)."""
+    tiles and the shapes kernels pass on (a split's partials) re-inferred. The structure is
+    `g`'s; a `MuGraphError` names the rule the new numbers break (an uneven split)."""
     new: list[KernelOp] = []
     for i, op in enumerate(g.ops):
         bg = op.block_graph
