@@ -276,10 +276,12 @@ def combine_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
             continue
         grid = list(bg.grid)
         for axis in range(len(grid)):
+            if any(o.omap[axis] is None for o in bg.outputs):
+                continue  # an axis no output is split along
             rows = {shapes[(i, j)][0][o.omap[axis]] for j, o in enumerate(bg.outputs)}
-            if None not in rows and len(rows) == 1 and max(rows) <= COMBINE_DIM_MAX:
+            if len(rows) == 1 and max(rows) <= COMBINE_DIM_MAX:
                 grid[axis] = max(grid[axis], rows.pop())
-        if tuple(grid) != bg.grid and math.prod(grid) <= 4 * sm_count():
+        if tuple(grid) != bg.grid and math.prod(grid) <= SPLIT_BLOCKS_PER_SM * sm_count():
             numbers[i] = (tuple(grid), bg.forloop_range)
     if not numbers:
         return []
