@@ -330,14 +330,8 @@ def best_subset(
             # no kernel won narrowly, yet the function gained far less than the regions
             # did: one of them costs it across its cut; leave them out one at a time
             others = sorted(everything, key=lambda k: (k not in first, wins.get(k, 0.0), k))
-            first_try = [True]
-
-            def once_then_affordable() -> bool:
-                go = first_try[0] or affordable()
-                first_try[0] = False
-                return go
-
-            return _toggled(everything, full, others, timed, once_then_affordable, False)
+            first_then_affordable = lambda: not took or affordable()  # noqa: E731
+            return _toggled(everything, full, others, timed, first_then_affordable, False)
         if not suspects or not core:
             return everything, full
         c = timed(core)
