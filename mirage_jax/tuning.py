@@ -80,14 +80,16 @@ def warp_variants(g: MuGraph, few: bool = True) -> list[int | tuple[int, ...]]:
 def split_variants(g: MuGraph, backend: str) -> list[int]:
     """The loop splits `select(tune_warps=True)` times the fastest µGraph with: the smallest
     `MAX_SPLITS` of `SPLIT_PARTS` that the backend can apply to one of its kernels launched
-    alone (`SPLIT_REFUSAL`), each kernel then running at most `SPLIT_BLOCKS_PER_SM` blocks per SM."""
-    from mirage_jax.lower import backends
+    alone (`SPLIT_REFUSAL`), each kernel then running at most `SPLIT_BLOCKS_PER_SM` blocks
+    per SM."""
     from mirage_jax.lower.kernel_graph import plan
 
+    refusal = _split_refusal(backend)
+    if refusal is None:
+        return []
     try:
-        refusal = getattr(backends.get(backend).load(), "SPLIT_REFUSAL", None)
-        plans = plan(g) if refusal is not None else {}
-    except (backends.UnknownBackend, ImportError, LoweringError):
+        plans = plan(g)
+    except LoweringError:
         return []
     group = set(g.one_launch())
     alone = [p for i, p in plans.items() if i not in group]
@@ -210,7 +212,7 @@ def wide_variants(
         blocks = _launch_blocks(h, group)
         loops = [op.block_graph.forloop_range for _, op in h.graph_defined()]
         splits = 1
-        for s in SPLIT_PARTS if _splits_loops(backend) else ():
+        for s in SPLIT_PARTS if _split_refusal(backend) is not None else ():
             if max(blocks) * splits >= FILL_PER_SM * sm_count():
                 break
             if any(f % s for f in loops):
@@ -229,14 +231,15 @@ def wide_variants(
     return out
 
 
-def _splits_loops(backend: str) -> bool:
-    """`backend` runs a loop split over the grid (`SPLIT_REFUSAL`: Triton)."""
+def _split_refusal(backend: str) -> Any:
+    """`backend`'s `SPLIT_REFUSAL` (why a plan's loop cannot be split over the grid; Triton's),
+    or None where it splits no loop or cannot be loaded."""
     from mirage_jax.lower import backends
 
     try:
-        return getattr(backends.get(backend).load(), "SPLIT_REFUSAL", None) is not None
+        return getattr(backends.get(backend).load(), "SPLIT_REFUSAL", None)
     except (backends.UnknownBackend, ImportError, LoweringError):
-        return False
+        return None
 
 
 def _launch_blocks(g: MuGraph, group: set[int]) -> list[int]:
