@@ -323,15 +323,21 @@ def best_subset(
     everything = frozenset(kernels)
     suspects = [k for k in suspects if k in everything]
     core = everything - set(suspects)
+
+    def leave_out_order(ks: Collection[int]) -> list[int]:
+        """Kernels to leave out one at a time: those timed in context, then smallest win."""
+        return sorted(ks, key=lambda k: (k not in first, (wins or {}).get(k, 0.0), k))
+
     if full.choice == "kernels":  # all won: one set without the suspects, for a clear gain
         if full.kernels_us is None:
             return everything, full
         if not suspects and short_of_wins(full, wins) and len(everything) > 1:
             # no kernel won narrowly, yet the function gained far less than the regions
             # did: one of them costs it across its cut; leave them out one at a time
-            others = sorted(everything, key=lambda k: (k not in first, wins.get(k, 0.0), k))
             first_then_affordable = lambda: not took or affordable()  # noqa: E731
-            return _toggled(everything, full, others, timed, first_then_affordable, False)
+            return _toggled(
+                everything, full, leave_out_order(everything), timed, first_then_affordable, False
+            )
         if not suspects or not core:
             return everything, full
         c = timed(core)
@@ -340,9 +346,7 @@ def best_subset(
             best = (everything, full)
         else:
             best = _toggled(core, best[1], suspects[:max_tries], timed, affordable) or best
-        others = sorted(
-            best[0] - set(suspects), key=lambda k: (k not in first, (wins or {}).get(k, 0.0), k)
-        )
+        others = leave_out_order(best[0] - set(suspects))
         return _toggled(*best, others, timed, affordable, differ_stops=False)
     if len(everything) < 2 or full.kernels_us is None:
         return None
