@@ -4,7 +4,7 @@ its own outputs from the canonical ones.
 The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...),
 "shapes": (the region's own input shapes, by position)}`,
 ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("broadcast", shape) (size-1
-axes widened) / ("scale", c) steps: canonical input k is the
+axes widened) / ("scale", c) / ("shift", c) steps: canonical input k is the
 region's input `position` with `ops` applied; the region's output j is canonical output j with
 `ops` applied.
 
@@ -68,6 +68,8 @@ def apply_ops(x: Any, ops: Ops) -> Any:
             x = x.transpose(arg)
         elif op == "broadcast":  # size-1 axes widened (equal ranks)
             x = np.broadcast_to(x, arg) if isinstance(x, np.ndarray) else jnp.broadcast_to(x, arg)
+        elif op == "shift":  # the input plus a constant, in its own dtype
+            x = x + np.asarray(arg, dtype=x.dtype)
         else:  # ("scale", c): the input times a constant, in its own dtype
             x = x * np.asarray(arg, dtype=x.dtype)
     return x

@@ -18,6 +18,9 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
 - **unit axes**: a reshape that only inserts size-1 axes into an elementwise result is applied
   to the operands instead (right-aligned broadcasting keeps their meaning), until it reaches
   the inputs.
+- **shift**: `x + c` (or `x − c`), x an input and c a scalar constant (Gemma's `1 + scale`
+  norm gain), is a new input with the shift as an interface step; a kernel applies it where it
+  loads x (`mirage_jax.regions.stored_views`), so the search spends no block op on it.
 - **transposed operand**: `W @ xᵀ`, W an input and x computed (equinox's `weight @ x` vmapped
   over rows), is `(x Wᵀ)ᵀ`; the result's transpose then moves past unit-inserting reshapes and
   elementwise ops (an input operand transposed back at the interface) to the outputs.
@@ -524,6 +527,34 @@ def _scale_rule(g: _Graph) -> bool:
     return False
 
 
+def _shifted_input(nodes: Sequence[Node], inputs: Sequence[int], n: Node) -> tuple | None:
+    """(input id, c) where n is `x + c`, `c + x` or `x − c` of an input x and a scalar constant c,
+    with x's shape and dtype; else None."""
+    if n.op not in ("add", "sub") or len(n.args) != 2:
+        return None
+    x, c = n.args
+    if n.op == "add" and nodes[x].op == "constant":
+        x, c = c, x
+    xn, cn = nodes[x], nodes[c]
+    if x not in inputs or cn.op != "constant" or cn.shape:
+        return None
+    if tuple(xn.shape) != tuple(n.shape) or xn.dtype != n.dtype:
+        return None
+    value = float(np.asarray(cn.param("value").array))
+    return x, (value if n.op == "add" else -value)
+
+
+def _shift_rule(g: _Graph) -> bool:
+    for j in g.live():
+        got = _shifted_input(g.nodes, g.inputs, g.nodes[j])
+        if got is None or j in g.inputs:
+            continue
+        x, c = got
+        g.replace(j, g.new_input(g.nodes[j], x, ("shift", c)))
+        return True
+    return False
+
+
 def _row_broadcast(program: Program, n: Node) -> bool:
     """Is n a vector made a row (`[N] -> [1, N]`: a rank-1 gain or bias), which only the
     interface can take? (Broadcasts of reductions, `[M] -> [M, 1]`, the search reads as they
@@ -541,6 +572,7 @@ def hoist_layouts(program: Program) -> Program:
     if "interface" not in program.meta and not any(
         n.op in ("reshape", "transpose")
         or _row_broadcast(program, n)
+        or _shifted_input(program.nodes, program.inputs, n) is not None
         or (
             n.op == "broadcast_in_dim"
             and program.nodes[n.args[0]].op == "input"
@@ -554,7 +586,7 @@ def hoist_layouts(program: Program) -> Program:
     for _ in range(MAX_STEPS):
         rules = (
             _collapse_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule, _input_rule,
-            _output_rule, _scale_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
+            _output_rule, _scale_rule, _shift_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
             _sink_transpose_rule, _rank_rule,
         )  # fmt: skip
         if not any(rule(g) for rule in rules):

@@ -11,16 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 
 import lax_ir
-from lax_ir.interface import Ops, Views, adapt, inverse, stored_shape
+from lax_ir.interface import Ops, Views, adapt, apply_ops, inverse, merged, stored_shape
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
+from mirage_jax.mugraph.load_steps import LOAD_STEPS, with_load_steps
 from mirage_jax.search.order import TIME_TOP
 
 
@@ -214,7 +215,13 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
         inputs=lambda seed: random_arrays(avals, opts.seed + seed),
         wrap=lambda fn, kernel: adapt(fn, program, stored=st.steps if kernel else None),
         lower=lambda g, backend, order=None: lower_mugraph(
-            g, backend, opts.lower_config, st.views, None, region_out_dtypes(program, order)
+            g,
+            backend,
+            opts.lower_config,
+            st.views,
+            None,
+            region_out_dtypes(program, order),
+            st.loads,
         ),
     )
 
@@ -341,6 +348,7 @@ def region_kernel(
             views,
             {order[k]: perm for k, perm in out_perms.items()},
             region_out_dtypes(program, order),
+            st.loads,
         )
     except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
         fallback(
@@ -387,7 +395,7 @@ def region_kernel(
         )
         return "lowered kernel has the wrong output shapes/dtypes"
     out_steps = {k: (("reshape", r), ("transpose", p)) for k, (_, (r, p)) in st.outputs.items()}
-    jvp = with_xla_jvp(ordered, program, views, out_perms)
+    jvp = with_xla_jvp(ordered, program, views, out_perms, st.loads)
     return adapt(jvp, program, st.steps, out_steps)
 
 
@@ -395,11 +403,24 @@ def region_kernel(
 class Stored:
     """How a kernel takes a region's inputs: `views`, position -> the permutation it reads a
     stored array through; `steps`, position -> the interface steps XLA still applies to such an
-    input, or to one whose layout steps are only a reshape (`lax_ir.views`)."""
+    input, to one whose layout steps are only a reshape (`lax_ir.views`), or to one whose
+    shift the kernel applies; `loads`, position -> the steps the kernel applies where it loads
+    the input (`mugraph.load_steps`)."""
 
     views: Views
     steps: dict[int, Ops]
     outputs: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]]
+    loads: dict[int, Ops] = field(default_factory=dict)
+
+
+def _load_steps(ops: Ops) -> tuple[Ops, Ops]:
+    """(the steps XLA applies, those the kernel applies on load): the shifts go to the kernel
+    where nothing but layout steps is around them (a shift commutes with those, not a scale)."""
+    shifts = tuple(op for op in ops if op[0] in LOAD_STEPS)
+    rest = tuple(op for op in ops if op[0] not in LOAD_STEPS)
+    if not shifts or any(op[0] == "scale" for op in rest):
+        return ops, ()
+    return merged(rest), shifts
 
 
 def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None) -> Stored:
@@ -408,7 +429,9 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
     (B, S, heads, D) read as Kᵀ per head, GPT-2's Q, K and V split from one projection. Only
     where the backend reads views in place (`VIEWS`: Triton), and the stored array's contiguous
     axis is one of the tile's two (loads stay coalesced); XLA then no longer copies them on
-    every call. Layout steps that only reshape are a free reshape for any backend.
+    every call. Layout steps that only reshape are a free reshape for any backend. An input's
+    shift by a constant (Gemma's `1 + scale`) the kernel applies where it loads it, for any
+    backend, instead of XLA launching a kernel for it on every call.
 
     `outputs`: output k -> (perm, (stored shape, transpose)) where the kernel writes the array
     whose `transpose(perm)` is the output, so that the layout steps `after[k]` the program
@@ -421,7 +444,11 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
     shapes = interface["shapes"]
     views: Views = {}
     steps: dict[int, Ops] = {}
+    loads: dict[int, Ops] = {}
     for k, (pos, ops) in enumerate(interface["inputs"]):
+        ops, load = _load_steps(ops)
+        if load:
+            loads[k] = load
         got = input_view(shapes[pos], ops) if in_place else None
         if got is not None:
             steps[k], views[k] = got
@@ -429,12 +456,14 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
         free = free_reshape(shapes[pos], ops)
         if free is not None:
             steps[k] = free
+        elif load:
+            steps[k] = ops
     outputs = {}
     for k, ops in enumerate(interface["outputs"] if in_place and after else ()):
         got = output_view(program.output_avals[k][0], ops, after[k])
         if got is not None:
             outputs[k] = got
-    return Stored(views, steps, outputs)
+    return Stored(views, steps, outputs, loads)
 
 
 def region_out_dtypes(program: Any, order: Sequence[int] | None = None) -> dict[int, str]:
@@ -452,11 +481,16 @@ def lower_mugraph(
     views: Views | None = None,
     out_views: Views | None = None,
     out_dtypes: Mapping[int, str] | None = None,
+    loads: Mapping[int, Ops] | None = None,
 ) -> Callable[..., Sequence[Any]]:
     """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
     inputs in `views` arrive as stored, outputs in `out_views` leave as stored, outputs in
-    `out_dtypes` in that dtype where it is narrower (`lower`)."""
+    `out_dtypes` in that dtype where it is narrower (`lower`); inputs in `loads` arrive without
+    those steps, which the kernels apply (`mugraph.load_steps`)."""
     from mirage_jax.lower import lower
+
+    if loads:
+        mugraph = with_load_steps(mugraph, loads)
 
     extra: dict[str, Any] = {"views": views} if views else {}
     if out_views:
@@ -471,20 +505,22 @@ def with_xla_jvp(
     program: Any,
     views: Views | None = None,
     out_views: Views | None = None,
+    loads: Mapping[int, Ops] | None = None,
 ) -> Callable[..., list[Any]]:
     """`impl` as a custom_jvp whose tangent is the XLA jvp of the region `program`.
 
     The kernel computes the primal; the tangent is XLA's, linear in the input tangents, so
     forward mode, reverse mode (JAX transposes the tangent), higher orders and vmap all work
     as they do under `jax.jit`. Inputs in `views` come as stored, outputs in `out_views` leave
-    as stored (`stored_views`).
+    as stored, inputs in `loads` without those steps (`stored_views`).
     """
-    views_, outs_ = views or {}, out_views or {}
+    views_, outs_, loads_ = views or {}, out_views or {}, loads or {}
 
     def xla(*xs: Any) -> tuple[Any, ...]:
         xs = tuple(
             jax.numpy.transpose(x, views_[k]) if k in views_ else x for k, x in enumerate(xs)
         )
+        xs = tuple(apply_ops(x, loads_[k]) if k in loads_ else x for k, x in enumerate(xs))
         ys = lax_ir.evaluate(program, *xs)
         return tuple(
             jax.numpy.transpose(y, inverse(outs_[k])) if k in outs_ else y for k, y in enumerate(ys)

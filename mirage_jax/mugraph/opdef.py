@@ -130,11 +130,15 @@ class SearchProps:
             commutativity would otherwise put it on every factor in turn).
         sfu: special-function-unit operations per output element (exp2, rsqrt, rcp), for the
             cost model.
+        fused: one op for a pattern of several Lax ops (silu, gelu): offered from all of the
+            region's facts, while the nodes its pattern covers add nothing else to the
+            vocabulary (`search.vocab.fused_cover`).
     """
 
     offer: Offer | None = None
     scale_result: bool = True
     sfu: int = 0
+    fused: bool = False
 
 
 @dataclass(frozen=True)

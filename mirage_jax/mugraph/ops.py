@@ -448,7 +448,7 @@ _TABLE = [
     OpDef(
         "silu", 1, _KB, _EW, _same,
         elementwise(lambda c, x: c.alg.mul(x, c.alg.unary("logistic", x))), "x·logistic(x)",
-        search=S(when("logistic"), scale_result=False, sfu=2),
+        search=S(when("logistic"), scale_result=False, sfu=2, fused=True),
         imports=_names("kn_silu_op", "tb_silu_op"),
     ),
     OpDef(
@@ -459,14 +459,14 @@ _TABLE = [
     OpDef(
         "gelu", 1, _KB, _EW, _same, elementwise(_gelu),
         "0.5x·(1 − erf(−x·c)), c = 1/√2 as the region has it (erf form; optional param c)",
-        search=S(_gelu_offer, scale_result=False, sfu=2),
+        search=S(_gelu_offer, scale_result=False, sfu=2, fused=True),
         imports=_names("kn_gelu_op", "tb_gelu_op"),
     ),
     OpDef(
         "gelu_tanh", 1, _KB, _EW, _same, elementwise(_gelu_tanh),
         "x·0.5·(1 + tanh(c·(x + a·x³))), c = √(2/π), a = 0.044715 as the region has them "
         "(optional params a, c)",
-        search=S(_gelu_tanh_offer, scale_result=False, sfu=2),
+        search=S(_gelu_tanh_offer, scale_result=False, sfu=2, fused=True),
     ),
     OpDef(
         "mul_scalar", 1, _KB, _EW, _same, elementwise(_mul_scalar), "x·scalar", ("scalar",),

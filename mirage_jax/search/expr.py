@@ -18,7 +18,7 @@ subexpression lookups are in `targets.py`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -233,12 +233,15 @@ def program_terms(program: Program, dims: Dims) -> list[Term | None]:
     return terms
 
 
-def scalar_constants(program: Program, dims: Dims) -> dict[str, list[float]]:
-    """Scalar constants the program multiplies or adds by (the `mul_scalar`/`add_scalar` vocabulary)."""
+def scalar_constants(
+    program: Program, dims: Dims, skip: Collection[int] = ()
+) -> dict[str, list[float]]:
+    """Scalar constants the program multiplies or adds by (the `mul_scalar`/`add_scalar`
+    vocabulary), at its nodes not in `skip`."""
     out: dict[str, list[float]] = {"mul": [], "add": []}
     nodes = program.nodes
-    for _, n in program.ops():
-        if n.op not in ("mul", "add", "sub", "div"):
+    for i, n in program.ops():
+        if i in skip or n.op not in ("mul", "add", "sub", "div"):
             continue
         for pos, a in enumerate(n.args):
             c = nodes[a]

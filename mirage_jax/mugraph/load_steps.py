@@ -1,0 +1,90 @@
+"""Interface steps a µGraph's kernels apply where they load an input, instead of XLA before them.
+
+A region whose input is shifted by a constant (`lax_ir.layouts`: Gemma's `1 + scale` norm gain)
+is searched with the shifted value as its input, so the search spends no block op on it. Left
+to XLA, the shift of a parameter is a kernel launch of its own on every call; `with_load_steps`
+gives the µGraph that takes the input as stored and adds the constant in each kernel that
+reads it: one `add_scalar` block op after the block input (rounded to the input's dtype, as
+XLA's add is), or, for a pre-defined kernel op, one kernel-level `add_scalar` before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mirage_jax.mugraph.graph import (
+    BlockGraph,
+    BlockOp,
+    BlockOutput,
+    KernelOp,
+    MuGraph,
+    make_params,
+)
+
+LOAD_STEPS = ("shift",)
+"""Interface steps a kernel can apply where it loads an input (x + c, in x's dtype)."""
+
+
+def _block_shifted(bg: BlockGraph, shifts: Mapping[int, Sequence[float]]) -> BlockGraph:
+    """`bg` with block input j shifted by each constant of `shifts[j]` before any op reads it."""
+    n_in = len(bg.inputs)
+    front: list[BlockOp] = []
+    now: dict[int, int] = {}  # block input -> the tensor that holds it shifted
+    for j in sorted(shifts):
+        t = j
+        for c in shifts[j]:
+            front.append(BlockOp("add_scalar", (t,), make_params(scalar=float(c))))
+            t = n_in + len(front) - 1
+        now[j] = t
+    m = len(front)
+
+    def moved(t: int) -> int:
+        return now.get(t, t) if t < n_in else t + m
+
+    ops = [*front, *(BlockOp(o.op, tuple(moved(a) for a in o.args), o.params) for o in bg.ops)]
+    outs = tuple(BlockOutput(moved(o.arg), o.omap) for o in bg.outputs)
+    return BlockGraph(bg.grid, bg.forloop_range, bg.inputs, tuple(ops), outs)
+
+
+def with_load_steps(g: MuGraph, steps: Mapping[int, Sequence[tuple[str, float]]]) -> MuGraph:
+    """`g` taking input k without its load steps `steps[k]` (("shift", c) only) and applying them
+    in the kernels that read it; the same function of the unshifted inputs."""
+    if not steps:
+        return g
+    for k, st in steps.items():
+        bad = [s for s, _ in st if s not in LOAD_STEPS]
+        if bad:
+            raise ValueError(f"input {k}: step {bad[0]!r} is not one a kernel applies on load")
+    shift_of = {
+        (i, 0): tuple(float(c) for _, c in steps[op.param("index")])
+        for i, op in enumerate(g.ops)
+        if op.op == "input" and steps.get(op.param("index"))
+    }
+    new: list[KernelOp] = []
+    where: dict[int, int] = {}  # old op index -> new op index
+    shifted: dict[tuple, tuple] = {}  # old input ref -> the kernel-level shifted value's ref
+
+    def ref(r: tuple) -> tuple:
+        return (where[r[0]], r[1])
+
+    readers = {a for op in g.ops if op.block_graph is None and op.op != "input" for a in op.args}
+    for i, op in enumerate(g.ops):
+        if op.block_graph is not None:
+            bshift = {j: shift_of[a] for j, a in enumerate(op.args) if a in shift_of}
+            bg = _block_shifted(op.block_graph, bshift) if bshift else op.block_graph
+            new.append(KernelOp(op.op, tuple(ref(a) for a in op.args), op.params, bg))
+        elif op.op == "input":
+            new.append(op)
+        else:
+            args = tuple(shifted.get(a, ref(a)) for a in op.args)
+            new.append(KernelOp(op.op, args, op.params, None))
+        where[i] = len(new) - 1
+        if (i, 0) in shift_of and (i, 0) in readers:
+            r = ref((i, 0))
+            for c in shift_of[(i, 0)]:
+                new.append(KernelOp("add_scalar", (r,), make_params(scalar=c)))
+                r = (len(new) - 1, 0)
+            shifted[(i, 0)] = r
+    out = MuGraph.build(new, tuple(ref(r) for r in g.outputs), g.meta)
+    out.shapes  # noqa: B018  (raises MuGraphError where a shape rule breaks)
+    return out
