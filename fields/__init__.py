@@ -16,6 +16,7 @@ from fields.numbers import matmul_mod as matmul_mod
 from fields.numbers import to_residues as to_residues
 from fields.verify import Verdict as Verdict
 from fields.verify import evaluate as evaluate
+from fields.verify import known as known
 from fields.verify import random_inputs as random_inputs
 from fields.verify import remember as remember
 from fields.verify import run_trial as run_trial

@@ -367,6 +367,21 @@ def remember(
     _keep(_memo_key(a, b, trials, seed, None, target_bound, max_void_trials), v)
 
 
+def known(
+    a: Any,
+    b: Any,
+    *,
+    trials: int | None = None,
+    seed: int = 0,
+    target_bound: float = TARGET_BOUND,
+    max_void_trials: int = MAX_VOID_TRIALS,
+) -> Verdict | None:
+    """The verdict `verify(a, b, …)` would answer from memory (computed or `remember`ed), or
+    None where it would run trials."""
+    key = _memo_key(a, b, trials, seed, None, target_bound, max_void_trials)
+    return None if key is None else _MEMO.get(key)
+
+
 def _keep(key: tuple | None, v: Verdict) -> None:
     if key is None:
         return

@@ -89,7 +89,8 @@ def test_load_steps_give_the_same_function_of_the_unshifted_input():
         with_load_steps(g, {1: (("scale", 2.0),)})
 
 
-def test_the_kernel_applies_the_shift_and_xla_nothing():
+@pytest.mark.parametrize("backend", ["reference", "triton", "pallas"])
+def test_the_kernel_applies_the_shift_and_xla_nothing(backend):
     """`stored_views` leaves the shift to the kernel; the lowered region takes its own inputs
     and matches XLA, and its jvp is XLA's."""
     from types import SimpleNamespace
@@ -100,14 +101,14 @@ def test_the_kernel_applies_the_shift_and_xla_nothing():
     x, g, w = _args()
     region = _region(_gemma_norm, x, g, w)
     program = region.program
-    st = stored_views(program, "reference")
+    st = stored_views(program, backend)
     (k,) = st.loads
     assert st.loads[k] == (("shift", 1.0),)
     assert all(op[0] != "shift" for op in st.steps[k])
     res = search(program, budget=Budget(time_s=60), seed=0, workers=1)
     assert res.mugraphs
     decision = SimpleNamespace(mugraph=res.mugraphs[0], verification=None, cache_key="t")
-    fn = region_kernel(decision, region, "reference", None, strict=True)
+    fn = region_kernel(decision, region, backend, None, strict=True)
     assert callable(fn), fn
     want = _gemma_norm(x, g, w)
     got = fn(x, g, w)[0]
@@ -115,7 +116,7 @@ def test_the_kernel_applies_the_shift_and_xla_nothing():
         np.asarray(got, np.float32), np.asarray(want, np.float32), 2e-2, 2e-2
     )
     # the µGraph as searched reads 1 + g: fed g itself, it is off by the shift
-    plain = adapt(lower_mugraph(res.mugraphs[0], "reference"), program, stored=st.steps)
+    plain = adapt(lower_mugraph(res.mugraphs[0], backend), program, stored=st.steps)
     off = np.asarray(plain(x, g, w)[0], np.float32) - np.asarray(want, np.float32)
     assert np.abs(off).max() > 0.1
     tangent = jax.jvp(lambda gg: fn(x, gg, w)[0], (g,), (np.ones_like(g),))[1]
