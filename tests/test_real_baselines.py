@@ -44,7 +44,9 @@ def test_default_regions_match_the_hashes_recorded_before_the_switch():
     at the mask's own shape and broadcast inside the region (`lax_ir.layouts._rank_rule`), and
     again 2026-11-26 when a mask that depends on no input became a constant bias (constants'
     broadcasts fold, so equinox's RoPE table is one constant), and when a convert ending a
-    GEMM epilogue moved to the region that reads it (`lax_ir.pieces.gemm_cuts`)."""
+    GEMM epilogue moved to the region that reads it (`lax_ir.pieces.gemm_cuts`), and when
+    Gemma's `1 + scale` gain became a shift step at its norm regions' interface (regions 0 and
+    1 of gemma_decode only: `lax_ir.layouts._shift_rule`)."""
     import lax_ir
 
     want = json.loads((Path(__file__).parent / "model_region_hashes.json").read_text())
