@@ -4,6 +4,8 @@ kernels where they load it (`lax_ir.layouts` shift rule, `mugraph.load_steps`,
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +91,17 @@ def test_load_steps_give_the_same_function_of_the_unshifted_input():
         with_load_steps(g, {1: (("scale", 2.0),)})
 
 
+@functools.cache
+def _searched():
+    """The region's search, once for the backends' tests."""
+    from mirage_jax.search import Budget, search
+
+    x, g, w = _args()
+    return search(
+        _region(_gemma_norm, x, g, w).program, budget=Budget(time_s=60), seed=0, workers=1
+    )
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton", "pallas"])
 def test_the_kernel_applies_the_shift_and_xla_nothing(backend):
     """`stored_views` leaves the shift to the kernel; the lowered region takes its own inputs
@@ -96,7 +109,6 @@ def test_the_kernel_applies_the_shift_and_xla_nothing(backend):
     from types import SimpleNamespace
 
     from mirage_jax.regions import lower_mugraph, region_kernel, stored_views
-    from mirage_jax.search import Budget, search
 
     x, g, w = _args()
     region = _region(_gemma_norm, x, g, w)
@@ -105,7 +117,7 @@ def test_the_kernel_applies_the_shift_and_xla_nothing(backend):
     (k,) = st.loads
     assert st.loads[k] == (("shift", 1.0),)
     assert all(op[0] != "shift" for op in st.steps[k])
-    res = search(program, budget=Budget(time_s=60), seed=0, workers=1)
+    res = _searched()
     assert res.mugraphs
     decision = SimpleNamespace(mugraph=res.mugraphs[0], verification=None, cache_key="t")
     fn = region_kernel(decision, region, backend, None, strict=True)
