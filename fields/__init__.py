@@ -23,3 +23,4 @@ from fields.verify import run_trial as run_trial
 from fields.verify import trial_bound as trial_bound
 from fields.verify import verify as verify
 from fields.verify import verify_plan as verify_plan
+from fields.verify import verify_to_bound as verify_to_bound

@@ -382,6 +382,25 @@ def known(
     return None if key is None else _MEMO.get(key)
 
 
+def verify_to_bound(
+    a: Any,
+    b: Any,
+    *,
+    trials: int | None,
+    seed: int = 0,
+    outcomes: dict[int, TrialOutcome] | None = None,
+) -> Verdict:
+    """`verify` with `trials`, or with the fewest trials that reach `TARGET_BOUND` where those
+    leave the bound above it (the bound a cache trusts). Where `trials` cannot reach it and no
+    verdict is known for them, only the trials that reach it run (a full-size trial at 7B takes
+    seconds), not `trials` first and then those."""
+    if trials is None or trials >= verify_plan(a, b) or known(a, b, trials=trials, seed=seed):
+        v = verify(a, b, trials=trials, seed=seed, outcomes=outcomes)
+        if not (v.equal and v.bound > TARGET_BOUND):
+            return v
+    return verify(a, b, seed=seed, outcomes=outcomes)
+
+
 def _keep(key: tuple | None, v: Verdict) -> None:
     if key is None:
         return

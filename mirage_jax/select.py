@@ -583,19 +583,11 @@ def _verify(g: MuGraph, program: Program, trials: int, seed: int) -> tuple[Any, 
     """`fields.verify` at full size: the verdict and the output order (raises if not equal).
     Where `trials` leave the bound above the trusted 1e-9 (2 trials of GPT-2's tanh-GELU
     region: 6.4e-9), it verifies again with the trials that reach it: the cache rejects an
-    entry with a weaker bound when it is read (and the region is searched again). Where they
-    would not and no verdict is known, it runs those trials only (a full-size trial at 7B
-    takes seconds)."""
+    entry with a weaker bound when it is read (and the region is searched again); where they
+    cannot and no verdict is known, it runs those trials only (`fields.verify_to_bound`)."""
     import fields
-    from fields.verify import TARGET_BOUND
 
-    verdict = None
-    if trials >= fields.verify_plan(g, program) or fields.known(
-        g, program, trials=trials, seed=seed
-    ):
-        verdict = fields.verify(g, program, trials=trials, seed=seed)
-    if verdict is None or (verdict.equal and verdict.bound > TARGET_BOUND):
-        verdict = fields.verify(g, program, seed=seed)  # the fewest trials reaching it
+    verdict = fields.verify_to_bound(g, program, trials=trials, seed=seed)
     if not verdict.equal:
         raise NotEqual(f"not equal to the region at full size ({verdict.reason})")
     order = verdict.output_order

@@ -77,7 +77,6 @@ def verify_full(
     `pairs`: each graph's `check_pair`, where the caller has them already."""
     import fields
     from fields import memory
-    from fields.verify import TARGET_BOUND
 
     pairs = pairs or [check_pair(problem, g, recipes) for g in graphs]
     jobs = [
@@ -96,10 +95,8 @@ def verify_full(
         outcomes.setdefault(k, {})[attempt] = got
     verdicts = []
     for k, (g, (a, b, _, r)) in enumerate(zip(graphs, pairs)):
-        done_k = outcomes.get(k, {})
-        v = fields.verify(a, b, trials=trials, seed=problem.seed, outcomes=done_k)
-        if v.equal and v.bound > TARGET_BOUND:  # the trials that reach the trusted bound
-            v = fields.verify(a, b, seed=problem.seed, outcomes=done_k)
+        # the trials that reach the trusted bound (their outcomes are all in `outcomes`)
+        v = fields.verify_to_bound(a, b, trials=trials, seed=problem.seed, outcomes=outcomes.get(k))
         if r is not None:
             v = dataclasses.replace(v, instance="reduced: " + r.describe())
         # the stronger verdict answers the weaker question too: `select` asks both

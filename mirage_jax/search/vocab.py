@@ -101,14 +101,14 @@ def build_vocabulary(
     op covers (`fused_cover`) add nothing but that op: Gemma's gelu no longer brings `sub`,
     `layer_norm` and its constants, which multiplied the search's enumeration.
     """
-    facts = _facts(program, dims, scalars, combine)
+    reduce_dims, shift_dims = _reduced_dims(program, dims)
+    facts = _facts(program, dims, scalars, combine, reduce_dims)
     skip = fused_cover(program, terms, facts) if terms is not None else frozenset()
     trimmed = (
-        _facts(program, dims, E.scalar_constants(program, dims, skip), combine, skip)
+        _facts(program, dims, E.scalar_constants(program, dims, skip), combine, reduce_dims, skip)
         if skip
         else facts
     )
-    reduce_dims, shift_dims = _reduced_dims(program, dims)
     unary: list[tuple[str, tuple]] = []
     binary: list[str] = []
     accs: list[tuple[str, tuple]] = []
@@ -156,9 +156,11 @@ def _facts(
     dims: Any,
     scalars: dict[str, list[float]],
     combine: bool,
+    reduce_dims: set,
     skip: frozenset[int] = frozenset(),
 ) -> Facts:
-    """The region's facts for the op records' offers, from its nodes not in `skip`."""
+    """The region's facts for the op records' offers, from its nodes not in `skip`
+    (`reduce_dims`: `_reduced_dims`' first)."""
     ops = [(i, n) for i, n in program.ops() if i not in skip]
     features = {n.op for _, n in ops}
     squares = [
@@ -173,7 +175,6 @@ def _facts(
     square_dtypes = tuple(sorted({n.dtype if n.dtype in NARROW else None for n in squares},
                                  key=str)) or (None,)  # fmt: skip
     # the 1/n of a mean over a non-last axis (exact when n is a power of two)
-    reduce_dims, _ = _reduced_dims(program, dims)
     counted = {k for classes, _ in dims.counts.values() for k in classes}
     inv_sizes = tuple(
         k for k in sorted(reduce_dims & counted) if dims.sizes[k] & (dims.sizes[k] - 1) == 0
