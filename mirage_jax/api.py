@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -347,8 +347,18 @@ class MirageJit:
                     for gate in gates:
                         if not gate.done():
                             gate.set_exception(CancelledError())
-                bar = progress_bar(misses, desc="mirage_jax search", unit="region", disable=disable)
-                for region, searched in zip(bar, ahead.futures):
+                # each region selected as soon as its search ends (the GPU is free sooner than
+                # in region order: a region searched quickly waits for none searched slowly)
+                of = dict(zip(ahead.futures, misses))
+                bar = progress_bar(
+                    as_completed(ahead.futures),
+                    total=len(misses),
+                    desc="mirage_jax search",
+                    unit="region",
+                    disable=disable,
+                )
+                for searched in bar:
+                    region = of[searched]
                     avals = region_avals(part, region)
                     found[region.index] = resolver.search(region, avals, searched)
         for region in pending:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lax_ir.interface import adapt
 from lax_ir.program import Program
 from mirage_jax.lower.kernel_graph import LOOP_SPLIT, WARPS
 from mirage_jax.lower.registry import LoweringError
@@ -260,7 +261,8 @@ def select(
         strict: a candidate that fails for any reason but a `LoweringError` (the backend
             cannot build it) or a verdict of "not equal" raises instead of being dropped.
         context: time XLA and the µGraphs as the function calls the region (`InContext`),
-            interface included; the float check stays on the canonical inputs.
+            interface included; where timed, the float check runs that same compiled function
+            on the region's own inputs (so the stored views and loads are checked too).
         tune_warps: also time the fastest µGraph with 8 warps per block (`warp_variants`, its
             meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
             loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); a decode
@@ -300,14 +302,12 @@ def select(
 
         lower = lower_fn
 
-    def timed_fn(fn, mugraph: MuGraph, order=None):
-        """A kernel's function to time and its inputs: as the function calls the region
-        (`context`: its own inputs, the interface's steps) or on the canonical inputs."""
-        if context is not None:
-            raw = context.lower(mugraph, backend=backend, order=order)
-            fn = (lambda *xs: [raw(*xs)[i] for i in order]) if order else raw
-            return jax.jit(context.wrap(fn, True)), context.inputs
-        return fn, inputs
+    def timed_fn(mugraph: MuGraph, order=None):
+        """A kernel's function as the function calls the region (`context`: its own inputs,
+        the interface's steps) and its inputs."""
+        raw = context.lower(mugraph, backend=backend, order=order)
+        fn = (lambda *xs: [raw(*xs)[i] for i in order]) if order else raw
+        return jax.jit(context.wrap(fn, True)), context.inputs
 
     def run_timer(fn, feed):
         return as_timing(timer(fn, feed))
@@ -333,9 +333,15 @@ def select(
         xla_us, method = xla
     elif timed:
         xla_run = xla_timed_fn(program, inputs, context)
+    # The float check runs what is timed: in `context`, the kernel as the function calls it
+    # (its stored views and loads, the interface's steps) on the region's own inputs, against
+    # the float64 reference of those inputs; one compile per candidate, not two.
+    own = timed and context is not None
     with phase("reference_s"):
-        xs = inputs(0)
-        reference = [np.asarray(o, np.float64) for o in lax_ir.evaluate_reference(program, *xs)]
+        xs = context.inputs(0) if own else inputs(0)
+        ref_fn = functools.partial(lax_ir.evaluate_reference, program)
+        got = adapt(ref_fn, program)(*xs) if own else ref_fn(*xs)
+        reference = [np.asarray(o, np.float64) for o in got]
 
     def prepare(label: str, g: MuGraph, known: tuple | None = None) -> Prepared:
         """Verify (unless `known`: its verdict and output order), lower, check one µGraph and
@@ -346,12 +352,17 @@ def select(
             if known is None and verify_trials is not None and not late:
                 with phase("verify_s"):
                     verdict, order = _verify(g, program, verify_trials, seed)
-            with phase("lower_s"):
-                fn = lower(g, backend=backend)
-                outs = list(fn(*xs))
-            outs = [
-                np.asarray(o, np.float64) for o in ([outs[i] for i in order] if order else outs)
-            ]
+            run = None
+            with phase("lower_s"):  # the timed function compiled here, not in the timing
+                if own:  # returns the region's outputs, in its order
+                    run = timed_fn(g, order)
+                    outs = list(run[0](*xs))
+                else:
+                    fn = lower(g, backend=backend)
+                    outs = list(fn(*xs))
+                    outs = [outs[i] for i in order] if order else outs
+                    run = (fn, inputs) if timed else None
+            outs = [np.asarray(o, np.float64) for o in outs]
             errs = [
                 float(np.max(np.abs(o - r)) / max(1e-30, float(np.max(np.abs(r)))))
                 for o, r in zip(outs, reference)
@@ -360,11 +371,6 @@ def select(
             if not all(e <= tol(d) for e, (_, d) in zip(errs, program.output_avals)):  # NaN too
                 why = f"wrong result: {err:.3g}"
                 return Prepared(Contender(label, None, g, why, est, err, verdict), order)
-            run = None
-            if timed:
-                with phase("lower_s"):  # the timed function compiled here, not in the timing
-                    run = timed_fn(fn, g, order)
-                    jax.block_until_ready(run[0](*run[1](0)))
         except Exception as e:  # a failure drops the candidate, with the reason
             if strict and not isinstance(e, (LoweringError, NotEqual, memory.TooLarge)):
                 raise

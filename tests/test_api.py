@@ -559,8 +559,9 @@ def test_a_closed_over_weight_is_a_kernel_argument(tmp_path):
 
 
 def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
-    """The regions' searches run one after another in a background thread, in region order,
-    and each region is selected from its own search's result (`regions.SearchAhead`)."""
+    """The regions' searches run in a background thread, in region order (one at a time with
+    one worker), and each region is selected from its own search's result
+    (`regions.SearchAhead`)."""
     import threading
 
     from mirage_jax import regions
@@ -648,3 +649,44 @@ def test_the_whole_function_check_keeps_the_best_subset(tmp_path, monkeypatch, f
     assert why != "values differ" or "values differ" in left[0].reason
     assert f.last.function_check.kernels_us == 9.0
     assert len(asked[0]) == 2
+
+
+def test_a_region_is_selected_as_soon_as_its_search_ends(tmp_path, monkeypatch):
+    """With two searches at once (`regions.SEARCHES_AT_ONCE`, where there are workers), a
+    region whose search ends first is selected first: the first region's search here waits
+    until the second region is being selected (in region order it would wait forever)."""
+    import dataclasses
+    import threading
+
+    from mirage_jax import regions
+
+    second_selected = threading.Event()
+    selected: list[str] = []
+    real_search, real_select = regions.search_only, regions.select_searched
+    first_hash: list[str] = []
+
+    def search_only(search_mod, program, opts):
+        if not first_hash:
+            first_hash.append(program.canonical_hash)
+            assert second_selected.wait(120), "the first region was selected first"
+        return real_search(search_mod, program, dataclasses.replace(opts, workers=1))
+
+    def select_searched(result, program, *args):
+        selected.append(program.canonical_hash)
+        if program.canonical_hash != first_hash[0]:
+            second_selected.set()
+        return real_select(result, program, *args)
+
+    monkeypatch.setattr(regions, "search_only", search_only)
+    monkeypatch.setattr(regions, "select_searched", select_searched)
+
+    def two_regions(x, w1, w2):
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        y = (h @ w1).reshape(x.shape[0], 2, -1).transpose(1, 0, 2).reshape(x.shape[0] * 2, -1)
+        return jnp.tanh(y @ w2)
+
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 32), (32, 64), (32, 16))]
+    f = mirage_jax.jit(two_regions, backend="reference", cache=tmp_path / "c.sqlite", workers=2)
+    assert_close(f(*xs), jax.jit(two_regions)(*xs))
+    assert len(selected) >= 2 and selected[-1] == first_hash[0] != selected[0]

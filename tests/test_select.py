@@ -175,8 +175,10 @@ def test_timing_order_skips_what_the_model_puts_far_behind() -> None:
 
 def test_in_context_timing_feeds_the_regions_own_inputs() -> None:
     """With `InContext`, XLA and every µGraph are timed on the region's own inputs (before the
-    interface's layout steps) and return the region's own outputs; the float check is still on
-    the canonical inputs."""
+    interface's layout steps) and return the region's own outputs; the float check runs that
+    same function, so a kernel wrong only as the function calls it (a stored view misread) is
+    dropped."""
+    import dataclasses
     from types import SimpleNamespace
 
     import lax_ir
@@ -210,6 +212,7 @@ def test_in_context_timing_feeds_the_regions_own_inputs() -> None:
         assert [tuple(o.shape) for o in fn(*xs)] == own_out
         return 1.0
 
+    context = in_context(program, opts, "reference", avals)
     sel = select(
         res,
         program,
@@ -217,10 +220,21 @@ def test_in_context_timing_feeds_the_regions_own_inputs() -> None:
         top=2,
         timer=timer,
         lower=lambda g, backend: lower_mugraph(g, backend),
-        context=in_context(program, opts, "reference", avals),
+        context=context,
     )
     assert fed and all(shapes == [s for s, _ in avals] for shapes in fed)
     assert all(c.error == "" for c in sel.contenders), sel.contenders
+    assert all(c.max_rel_error < 1e-2 for c in sel.contenders[1:])  # checked in context
+
+    def misread(g, backend, order=None):  # right on canonical inputs, wrong in context
+        raw = context.lower(g, backend, order)
+        return lambda *xs: [o * 1.5 for o in raw(*xs)]
+
+    wrong = dataclasses.replace(context, lower=misread)
+    bad = select(res, program, backend="reference", top=2, timer=timer, context=wrong,
+                 lower=lambda g, backend: lower_mugraph(g, backend))  # fmt: skip
+    assert len(bad.contenders) > 1
+    assert all(c.error.startswith("wrong result") for c in bad.contenders[1:]), bad.contenders
 
 
 def test_the_stored_verdict_has_the_bound_the_cache_trusts():

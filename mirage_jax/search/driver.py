@@ -49,7 +49,7 @@ from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Numbers, Structure, instantiate
-from mirage_jax.search.tasks import Problem, init_worker, prepare, run_keyed, run_task, tasks_of
+from mirage_jax.search.tasks import Problem, prepare, run_keyed, run_task, tasks_of
 from mirage_jax.search.workers import pool_for, problem_blob, shared_pool
 
 STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
@@ -157,7 +157,7 @@ def _search(
     cut_deadline = time.monotonic() + budget.time_s
     share = budget.cut_share if budget.cuts and budget.max_kernels >= 2 else 0.0
     deadline = time.monotonic() + budget.time_s * (1.0 - share)
-    run = _Run(budget)
+    run = _Run(budget, problem)
     run.stats.update(
         tasks=len(tasks),
         schedule_classes=[t.mapping.describe() for t in tasks if t.shard[0] == 0],
@@ -166,8 +166,6 @@ def _search(
     pre_stats: dict[str, Any] = {}
     with pool_for(workers) as raw:
         pool = None if raw is None else _Dispatch(raw, *problem_blob(problem))
-        if pool is None:
-            init_worker(problem)
         try:
             run.deepen(tasks, budget.max_block_ops, deadline, pool)
             n_main = len(run.accepted)
@@ -309,8 +307,10 @@ class _Dispatch:
 class _Run:
     """The enumeration's state across phases: counters, statistics, accepted structures."""
 
-    def __init__(self, budget: Budget):
+    def __init__(self, budget: Budget, problem: Problem):
         self.budget = budget
+        self.problem = problem  # run here where there is no pool (no process-wide state:
+        # a function's regions are searched in several threads at once)
         self.counters = Counters()
         self.stats: dict[str, Any] = {
             "verified": 0, "accepted": 0, "rejected": 0, "invalid": 0, "duplicates": 0,
@@ -352,7 +352,7 @@ class _Run:
             else:
                 outcomes = []
                 for a in args:
-                    outcomes.append(run_task(*a))
+                    outcomes.append(run_task(*a, problem=self.problem))
                     if outcomes[-1].stopped:
                         break
             group = {t.index: t.group for t in alive}

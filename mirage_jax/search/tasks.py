@@ -243,11 +243,7 @@ def tasks_of(problem: Problem, budget: Any, prefix=None, first: int = 0, group: 
 
 
 # ---------------------------------------------------------------------------- tasks
-_WORKER: dict[str, Any] = {}
-
-
-def init_worker(problem: Problem) -> None:
-    _WORKER["problem"] = problem
+_WORKER: dict[str, Any] = {}  # a pool worker's own: the problems its jobs named
 
 
 def problem_of(key: str, blob: bytes) -> Problem:
@@ -287,12 +283,12 @@ def _structure_key(problem: Problem, s: Structure) -> tuple[str, MuGraph | None]
 
 
 def run_task(
-    task: Task, depth: int, deadline: float, max_candidates: int, known: dict, problem=None
+    task: Task, depth: int, deadline: float, max_candidates: int, known: dict, *, problem: Problem
 ) -> TaskOutcome:
-    """Enumerate graphs of `task` with at most `depth` block ops; verify the new ones."""
+    """Enumerate graphs of `task` of `problem` with at most `depth` block ops; verify the new
+    ones."""
     import fields
 
-    problem = problem or _WORKER["problem"]
     out = TaskOutcome(task.index, depth)
     m = task.mapping
     inputs = task.inputs or problem.inputs
