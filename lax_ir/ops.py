@@ -38,6 +38,8 @@ class OpInfo:
         primitive: the JAX primitive captured as this op one to one ("" if none).
         elementwise: acts element by element (with numpy broadcasting).
         numpy, jax: an uninterpreted unary's float meaning on numpy and on jax arrays.
+        nonnegative: its float meaning is real only for operands >= 0 (sqrt): random inputs
+            that reach it are drawn so (`lax_ir.domain`).
     """
 
     name: str
@@ -48,6 +50,7 @@ class OpInfo:
     elementwise: bool = False
     numpy: Callable[[Any], Any] | None = None
     jax: Callable[[Any], Any] | None = None
+    nonnegative: bool = False
 
 
 def _lax(name: str) -> Callable[[Any], Any]:
@@ -61,10 +64,12 @@ def _np_erf(a: Any) -> Any:
     return erf(a)
 
 
-def _unary(name: str, doc: str, numpy_fn: Callable[[Any], Any]) -> OpInfo:
+def _unary(
+    name: str, doc: str, numpy_fn: Callable[[Any], Any], nonnegative: bool = False
+) -> OpInfo:
     """An uninterpreted elementwise unary: its primitive has its name, its float meaning is
     `numpy_fn` on numpy arrays and jax.lax.<name> on jax arrays."""
-    return OpInfo(name, "uninterpreted", 1, doc, name, True, numpy_fn, _lax(name))
+    return OpInfo(name, "uninterpreted", 1, doc, name, True, numpy_fn, _lax(name), nonnegative)
 
 
 _TABLE = [
@@ -86,7 +91,7 @@ _TABLE = [
     OpInfo("transpose", "lax", 1, "axis permutation (param permutation)"),
     OpInfo("concatenate", "lax", None, "concatenation along param axis"),
     OpInfo("convert", "lax", 1, "dtype conversion (param dtype)", "", True),
-    _unary("sqrt", "elementwise square root", np.sqrt),
+    _unary("sqrt", "elementwise square root", np.sqrt, nonnegative=True),
     _unary("logistic", "elementwise 1 / (1 + e**-a)", lambda a: 1.0 / (1.0 + np.exp(-a))),
     _unary("tanh", "elementwise tanh", np.tanh),
     _unary("erf", "elementwise error function", _np_erf),

@@ -218,11 +218,14 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
     """`select.InContext` for a region whose interface has layout steps: random inputs of the
     region's own `avals`, XLA and kernels wrapped in the steps (`adapt`), kernels reading the
     inputs in the layout they are stored in (`stored_views`) as `region_kernel` does."""
+    from lax_ir.domain import nonnegative_inputs
     from mirage_jax.select import InContext, random_arrays
 
     st = stored_views(program, backend)
+    canonical = nonnegative_inputs(program)  # drawn so at the region's own positions
+    own = {pos for k, (pos, _) in enumerate(program.meta["interface"]["inputs"]) if k in canonical}
     return InContext(
-        inputs=lambda seed: random_arrays(avals, opts.seed + seed),
+        inputs=lambda seed: random_arrays(avals, opts.seed + seed, nonnegative=own),
         wrap=lambda fn, kernel: adapt(fn, program, stored=st.steps if kernel else None),
         lower=lambda g, backend, order=None: lower_mugraph(
             g,

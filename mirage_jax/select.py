@@ -22,7 +22,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,14 +167,21 @@ class Selection:
 
 
 def random_inputs(program: Program, seed: int, scale: float = 0.25) -> list[np.ndarray]:
-    """Inputs for timing: N(0, scale²) in each input's dtype (small, so exp stays finite)."""
-    return random_arrays(program.input_avals, seed, scale)
+    """Inputs for timing: N(0, scale²) in each input's dtype (small, so exp stays finite);
+    |N(0, scale²)| for inputs a square root needs non-negative (`lax_ir.domain`)."""
+    from lax_ir.domain import nonnegative_inputs
+
+    return random_arrays(program.input_avals, seed, scale, nonnegative_inputs(program))
 
 
 def random_arrays(
-    avals: Sequence[tuple[Sequence[int], str]], seed: int, scale: float = 0.25
+    avals: Sequence[tuple[Sequence[int], str]],
+    seed: int,
+    scale: float = 0.25,
+    nonnegative: Collection[int] = (),
 ) -> list[np.ndarray]:
-    """N(0, scale²) arrays of the given (shape, dtype)s, the same for a seed on any machine.
+    """N(0, scale²) arrays of the given (shape, dtype)s, the same for a seed on any machine;
+    their absolute values at the positions in `nonnegative`.
 
     Drawn in chunks of `_CHUNK` elements, each from its own stream of the seed
     (`np.random.SeedSequence.spawn`), on several threads: a 7B-size block's 186M inputs took
@@ -182,18 +189,21 @@ def random_arrays(
     """
     kids = np.random.SeedSequence(seed).spawn(len(avals))
     outs, jobs = [], []
-    for (shape, dtype), kid in zip(avals, kids):
+    for pos, ((shape, dtype), kid) in enumerate(zip(avals, kids)):
         out = np.empty(tuple(shape), dtype)
         flat = out.reshape(-1)
         n = flat.size
         pieces = kid.spawn(max(1, -(-n // _CHUNK)))
-        jobs += [(flat[j * _CHUNK : (j + 1) * _CHUNK], ss) for j, ss in enumerate(pieces)]
+        positive = pos in nonnegative
+        jobs += [(flat[j * _CHUNK : (j + 1) * _CHUNK], ss, positive) for j, ss in enumerate(pieces)]
         outs.append(out)
 
-    def fill(job: tuple[np.ndarray, np.random.SeedSequence]) -> None:
-        part, ss = job
+    def fill(job: tuple[np.ndarray, np.random.SeedSequence, bool]) -> None:
+        part, ss, positive = job
         v = np.random.default_rng(ss).standard_normal(part.size, dtype=np.float32)
         v *= np.float32(scale)
+        if positive:
+            np.abs(v, out=v)
         np.copyto(part, v, casting="unsafe")
 
     if len(jobs) <= 2:
