@@ -1,0 +1,154 @@
+"""Model code the project's own tests do not contain, written as users write it: a Qwen2-style
+prefill block in plain jnp (biased q/k/v, GQA, RoPE, causal softmax, SwiGLU, bfloat16), a flax
+linen pre-LN MLP block with GELU, and `jax.nn.dot_product_attention` with a causal mask. Each
+runs under `mirage_jax.jit` (fresh cache, its own search) and is compared to `jax.jit`; the
+regions' decisions are printed. Small shapes: a check of reach and correctness, not a timing.
+
+    python -m experiments.unseen_models                    # on the GPU: default backend
+    python -m experiments.unseen_models --backend pallas-interpret qwen   # on a CPU
+"""
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import mirage_jax
+
+
+def rms(x, w, eps=1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)).astype(x.dtype) * w
+
+
+def rope(x, pos, theta=10000.0):
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    ang = pos[:, None].astype(jnp.float32) * inv[None]
+    cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
+    x1, x2 = x[..., : d // 2].astype(jnp.float32), x[..., d // 2 :].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+def qwen_block(p, x, pos):
+    """Qwen2-style prefill: biased q/k/v, GQA 4/2 heads, RoPE, causal softmax, SwiGLU; bf16."""
+    B, T, D = x.shape
+    H, KV, hd = 4, 2, D // 4
+    h = rms(x, p["ln1"])
+    q = (h @ p["wq"] + p["bq"]).reshape(B, T, H, hd)
+    k = (h @ p["wk"] + p["bk"]).reshape(B, T, KV, hd)
+    v = (h @ p["wv"] + p["bv"]).reshape(B, T, KV, hd)
+    q, k = rope(q, pos), rope(k, pos)
+    k = jnp.repeat(k, H // KV, axis=2)
+    v = jnp.repeat(v, H // KV, axis=2)
+    s = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32) / np.sqrt(hd)
+    mask = jnp.tril(jnp.ones((T, T), bool))
+    s = jnp.where(mask, s, -1e30)
+    a = jax.nn.softmax(s, axis=-1).astype(x.dtype)
+    o = jnp.einsum("bhts,bshd->bthd", a, v).reshape(B, T, D)
+    x = x + o @ p["wo"]
+    h = rms(x, p["ln2"])
+    return x + (jax.nn.silu(h @ p["wg"]) * (h @ p["wu"])) @ p["wd"]
+
+
+def qwen_params(D=64, F=128, dtype=jnp.bfloat16):
+    rng = np.random.default_rng(0)
+
+    def n(*s):
+        return jnp.asarray(rng.standard_normal(s) * 0.05, dtype)
+
+    return {
+        "ln1": jnp.ones(D, dtype),
+        "ln2": jnp.ones(D, dtype),
+        "wq": n(D, D),
+        "bq": n(D),
+        "wk": n(D, D // 2),
+        "bk": n(D // 2),
+        "wv": n(D, D // 2),
+        "bv": n(D // 2),
+        "wo": n(D, D),
+        "wg": n(D, F),
+        "wu": n(D, F),
+        "wd": n(F, D),
+    }
+
+
+def linen_block():
+    import flax.linen as nn
+
+    class MLPBlock(nn.Module):
+        dim: int = 64
+
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm()(x)
+            h = nn.Dense(4 * self.dim)(h)
+            h = nn.gelu(h)
+            h = nn.Dense(self.dim)(h)
+            return x + h
+
+    m = MLPBlock()
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 8, 64)), jnp.float32)
+    params = m.init(jax.random.PRNGKey(0), x)
+    return (lambda params, x: m.apply(params, x)), (params, x)
+
+
+def sdpa_prefill():
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+    rng = np.random.default_rng(2)
+
+    def mk():
+        return jnp.asarray(rng.standard_normal((2, 16, 4, 32)) * 0.5, jnp.float32)
+
+    return f, (mk(), mk(), mk())
+
+
+def run(name, fn, args, backend=None):
+    """`fn(*args)` under mirage_jax.jit against jax.jit: first call's seconds, error, decisions."""
+    opts = {} if backend is None else {"backend": backend}
+    with tempfile.TemporaryDirectory() as d:
+        f = mirage_jax.jit(fn, cache=Path(d) / "c.sqlite", **opts)
+        t0 = time.perf_counter()
+        got = f(*args)
+        t = time.perf_counter() - t0
+        want = jax.jit(fn)(*args)
+        g, w = jax.tree.leaves(got), jax.tree.leaves(want)
+        err = max(
+            float(
+                jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                / (float(jnp.max(jnp.abs(b.astype(jnp.float32)))) + 1e-30)
+            )
+            for a, b in zip(g, w)
+        )
+        rec = f.last
+        print(
+            f"{name}: {t:.1f}s err {err:.2e} decisions:",
+            [(d.index, d.status, d.reason[:60]) for d in rec.decisions],
+            flush=True,
+        )
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="*", default=["qwen", "linen", "sdpa"])
+    p.add_argument("--backend", default=None, help="mirage_jax.jit's backend (default: its own)")
+    args = p.parse_args(argv)
+    if "qwen" in args.models:
+        x = jnp.asarray(np.random.default_rng(3).standard_normal((1, 8, 64)), jnp.bfloat16)
+        run("qwen", qwen_block, (qwen_params(), x, jnp.arange(8)), args.backend)
+    if "linen" in args.models:
+        fn, xs = linen_block()
+        run("linen", fn, xs, args.backend)
+    if "sdpa" in args.models:
+        fn, xs = sdpa_prefill()
+        run("sdpa", fn, xs, args.backend)
+
+
+if __name__ == "__main__":
+    main()
