@@ -1,9 +1,12 @@
 """Shared test configuration: GPU tests run only where jax sees a GPU; the original's
-checkpoints are optional (`experiments.peer`)."""
+checkpoints are optional (`experiments.peer`); an expensive value several test processes need
+is computed once a run (`once_per_run`)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import pickle
 
 import jax
 import pytest
@@ -49,3 +52,32 @@ def quiet_mirage():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mirage_jax.MirageWarning)
         yield
+
+
+@pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory):
+    """`once_per_run(name, produce)`: `produce()`, computed by one process of the run and read
+    back (pickled) by the others. Under pytest-xdist every worker imports a test module, so a
+    module-level cache of a search is filled once per worker that runs one of its tests (the
+    CPU suite's 2 workers each searched gqa_stable at full size for tests/test_search_reduced.py,
+    ~40 s apiece); the first worker to ask computes it while the other waits on a lock (its
+    core free for the search) and then reads it. Without xdist it is `produce()`."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return lambda name, produce: produce()
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+
+    def once(name: str, produce):
+        path = root / f"once-{name}.pickle"
+        with open(root / f"once-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if path.exists():
+                return pickle.loads(path.read_bytes())
+            value = produce()
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(value))
+            tmp.replace(path)
+            return value
+
+    return once

@@ -267,12 +267,23 @@ def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str, least: 
     """mirage_jax.jit (Pallas interpret) on a tiny decoder block (flax nnx, equinox, GPT-2):
     at least three fused kernels, the attention one of them (a mask's fill is a value the
     capture made, derived from the jaxpr's own values at the call), and values, jax.grad and
-    jax.vmap as jax.jit's."""
+    jax.vmap as jax.jit's.
+
+    One candidate a search (`max_candidates=1`: each search stops at its first closed graph,
+    verified like any other): what is checked here is that the block runs its regions as
+    kernels with jax.jit's values, not what the searches find (the pieces' searches are
+    tested above), and full searches made this 40-50 s a model alone (2026-11-27). One model
+    searches with two workers (one pool for all of the call's regions), the others with one:
+    two workers a test only contended for the CPU suite's two cores."""
     import mirage_jax
 
     m = M.get(name, batch=1, size="tiny")
     case = m.make(0)
-    f = mirage_jax.jit(m.fn, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=2)
+    workers = 2 if name == "llama_decode_nnx" else 1
+    f = mirage_jax.jit(
+        m.fn, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=workers,
+        max_candidates=1,
+    )  # fmt: skip
     got = f(*case.args)
     kernels = [d for d in f.last.decisions if d.status == "kernel"]
     assert len(kernels) >= least, [(d.index, d.status, d.reason[:80]) for d in f.last.decisions]

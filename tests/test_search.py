@@ -31,11 +31,34 @@ def region(name: str, batch: int = 1, small: bool = True) -> lax_ir.Program:
     return lax_ir.partition(lax_ir.capture(bm.fn, *bm.inputs)).regions[0].program
 
 
+LORA_BUDGET = dataclasses.replace(BUDGET, max_candidates=30)
+"""LoRA's search stops after 30 closed graphs (its one-kernel concat forms are among the first
+ten): exhausted, it accepts 114 structures whose full-size numbers took 25 s of the test's 26."""
+
+
+_ONCE: dict = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _searches_once_per_run(once_per_run):
+    """`searched` reads a workload another test process of the run searched (`once_per_run`)."""
+    _ONCE["fn"] = once_per_run
+    yield
+    _ONCE.clear()
+
+
 def searched(name: str, batch: int = 1):
-    """One search per workload for the whole file (they are the slow part)."""
+    """One search per workload for the whole run (they are the slow part); `BUDGET`, but
+    `LORA_BUDGET` for lora."""
     if (name, batch) not in _CACHE:
-        p = region(name, batch)
-        _CACHE[(name, batch)] = (p, search(p, budget=BUDGET, seed=0, progress=False))
+
+        def produce():
+            p = region(name, batch)
+            budget = LORA_BUDGET if name == "lora" else BUDGET
+            return p, search(p, budget=budget, seed=0, progress=False)
+
+        once = _ONCE.get("fn", lambda key, produce: produce())
+        _CACHE[(name, batch)] = once(f"test_search-{name}-b{batch}", produce)
     return _CACHE[(name, batch)]
 
 
@@ -259,7 +282,7 @@ def test_searches_in_one_shared_pool_give_their_own_results():
     from mirage_jax.search import workers
 
     names = ("rmsnorm", "gated_mlp")
-    alone = {n: search(region(n), budget=BUDGET, seed=0, progress=False) for n in names}
+    alone = {n: searched(n)[1] for n in names}  # search(region(n), budget=BUDGET, seed=0)
     pools = []
     with workers.shared_pool():
         for n in (*names, names[0]):
@@ -383,8 +406,12 @@ def test_subexpression_lookup_follows_the_axioms():
 
 
 def test_qknorm_cut_into_pieces():
+    """No one-piece µGraph: the region is cut and its pieces searched. A quarter of the budget
+    for the one-piece enumeration (it finds nothing in 20 s either), the rest for the cuts;
+    each piece gets a quarter, 5 s, where the piece that needs it finds its µGraphs in 1.5 s
+    alone (2026-11-27: 20 s in all, not 42 s at time_s=40 and the default share)."""
     p = region("qknorm")
-    r = search(p, budget=Budget(time_s=40.0), seed=0, progress=False)
+    r = search(p, budget=Budget(time_s=20.0, cut_share=0.75), seed=0, progress=False)
     assert r, r.message
     g = r.best
     assert g.meta.get("cuts"), g.meta.get("structure")
@@ -551,8 +578,7 @@ def test_the_mugraphs_select_times_are_the_ones_verified_at_full_size(name):
 
 
 def test_full_size_verification_in_workers_gives_the_same_result():
-    p = region("gqa_stable")
-    one = search(p, budget=BUDGET, seed=0, progress=False, workers=1)
+    p, one = searched("gqa_stable")  # search(p, budget=BUDGET, seed=0, workers=1)
     two = search(p, budget=BUDGET, seed=0, progress=False, workers=2)
     assert [g.canonical_hash for g in one.mugraphs] == [g.canonical_hash for g in two.mugraphs]
     assert [g.meta.get("verified") for g in one.mugraphs] == [

@@ -8,6 +8,8 @@ verdicts agree with full-size verification, and that a wrong candidate is reject
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -19,8 +21,6 @@ from mirage_jax.search import Budget, search
 from mirage_jax.search import confirm as confirm_mod
 from mirage_jax.search import dims as dims_mod
 from mirage_jax.search.reduced import batch_tiles, reduced_instance
-
-_CACHE: dict = {}
 
 
 def _program(fn) -> lax_ir.Program:
@@ -44,17 +44,32 @@ def _search_with_recipes(program: lax_ir.Program, budget: Budget):
         confirm_mod.verify_full = verify_full
 
 
-def _searched():
-    """gqa_stable at full size (b=1), searched once, with the recipes `confirm` was given."""
-    if not _CACHE:
-        program = _program(benchmarks.gqa_stable)
-        result, seen = _search_with_recipes(program, Budget(time_s=120.0, results=8, confirm=4))
-        _CACHE.update(program=program, result=result, recipes=seen)
-    return _CACHE["program"], _CACHE["result"], _CACHE["recipes"]
+def _verify_module():
+    return importlib.import_module("fields.verify")  # the module (`fields.verify` is the function)
 
 
-def test_the_candidates_select_times_are_verified_on_reduced_instances():
-    program, result, recipes = _searched()
+def _search_gqa_stable():
+    """gqa_stable at full size (b=1) searched, the recipes `confirm` was given, and the
+    verdicts the search left in this process's `fields.verify` memo."""
+    memo = _verify_module()._MEMO
+    before = set(memo)
+    program = _program(benchmarks.gqa_stable)
+    result, seen = _search_with_recipes(program, Budget(time_s=120.0, results=8, confirm=4))
+    return program, result, seen, {k: v for k, v in memo.items() if k not in before}
+
+
+@pytest.fixture(scope="module")
+def searched(once_per_run):
+    """gqa_stable at full size (b=1), searched once a run (`once_per_run`: a test process that
+    did not search it reads it, with the verdicts the search's memo held, which `select`'s
+    question in test_the_candidates_select_times_are_verified_on_reduced_instances reads)."""
+    program, result, recipes, memo = once_per_run("gqa_stable_full_search", _search_gqa_stable)
+    _verify_module()._MEMO.update(memo)
+    return program, result, recipes
+
+
+def test_the_candidates_select_times_are_verified_on_reduced_instances(searched):
+    program, result, recipes = searched
     full = [g for g in result.mugraphs if g.meta.get("verified") == "full"]
     assert full, result.message
     reduced = [g for g in full if g.meta.get("instance", "").startswith("reduced: d1 256→")]
@@ -66,8 +81,8 @@ def test_the_candidates_select_times_are_verified_on_reduced_instances():
         assert v.equal and v.instance == g.meta["instance"]
 
 
-def test_only_classes_split_by_every_kernel_that_carries_them_are_reduced():
-    program, result, recipes = _searched()
+def test_only_classes_split_by_every_kernel_that_carries_them_are_reduced(searched):
+    program, result, recipes = searched
     dims = dims_mod.analyse(program)
     # q (2, 256, 64), k (2, 64, 4096), v (2, 4096, 64): d0 groups, d1 rows, d2 = head dim of
     # Q and K (reduced), d3 keys (reduced), d4 = head dim of V (an output class)
@@ -83,8 +98,8 @@ def test_only_classes_split_by_every_kernel_that_carries_them_are_reduced():
             assert 4 not in windows
 
 
-def test_a_wrong_candidate_is_rejected_on_its_reduced_instance():
-    _, _, recipes = _searched()
+def test_a_wrong_candidate_is_rejected_on_its_reduced_instance(searched):
+    _, _, recipes = searched
     # the same shapes and dimensions, another scale: every candidate of gqa_stable is wrong
     wrong = _program(lambda q, k, v: jax.nn.softmax((q @ k) * 0.25, axis=-1) @ v)
     dims = dims_mod.analyse(wrong)
@@ -125,10 +140,10 @@ def test_a_class_is_reduced_only_where_two_windows_are_fewer(batch):
                 assert r.sizes[0] == (3, 2 * windows[0]) and r.program.input_avals[0][0][0] == 2
 
 
-def test_the_reduced_verdict_has_the_full_pairs_degrees():
+def test_the_reduced_verdict_has_the_full_pairs_degrees(searched):
     """The cache re-verifies an entry at full size when it is read and compares the degree
     bounds it stored: the reduced instance's must be the full pair's."""
-    program, result, recipes = _searched()
+    program, result, recipes = searched
     dims = dims_mod.analyse(program)
     for g in result.mugraphs:
         if g.canonical_hash not in recipes:
@@ -139,19 +154,16 @@ def test_the_reduced_verdict_has_the_full_pairs_degrees():
             assert fields.degree_bound(r.program) == fields.degree_bound(program)
 
 
-def test_the_verdicts_travel_with_the_result_to_another_process():
+def test_the_verdicts_travel_with_the_result_to_another_process(searched):
     """`select` in another process (a pool, a Ray task) has an empty memo: the result carries
     the search's full-size verdicts, reduced ones included, and they answer its questions."""
-    import importlib
     import pickle
 
     from mirage_jax.select import _known_verdicts
 
-    verify_mod = importlib.import_module(
-        "fields.verify"
-    )  # the module (`fields.verify` is the function)
+    verify_mod = _verify_module()
 
-    program, result, _ = _searched()
+    program, result, _ = searched
     trials = result.stats["budget"]["trials"]
     moved = pickle.loads(pickle.dumps(result))
     assert moved.verdicts and set(moved.verdicts) <= {g.canonical_hash for g in moved.mugraphs}
