@@ -1,6 +1,7 @@
 """Model code the project's own tests do not contain, written as users write it: a Qwen2-style
 prefill block in plain jnp (biased q/k/v, GQA, RoPE, causal softmax, SwiGLU, bfloat16), a flax
-linen pre-LN MLP block with GELU, and `jax.nn.dot_product_attention` with a causal mask. Each
+linen pre-LN MLP block with GELU, `jax.nn.dot_product_attention` with a causal mask, and
+Llama-style MLP layers stacked and run by `jax.lax.scan` (on a CPU at small sizes). Each
 runs under `mirage_jax.jit` (fresh cache, its own search) and is compared to `jax.jit`; the
 regions' decisions are printed. Small shapes: a check of reach and correctness, not a timing.
 
@@ -109,6 +110,26 @@ def sdpa_prefill():
     return f, (mk(), mk(), mk())
 
 
+def scanned_stack(layers=4, D=1024, F=2816, dtype=jnp.float16):
+    """Llama-style MLP layers (RMSNorm, SwiGLU, residual) stacked and run by `jax.lax.scan`."""
+
+    def layer(x, w):
+        h = rms(x, w["ln"])
+        return x + (jax.nn.silu(h @ w["wg"]) * (h @ w["wu"])) @ w["wd"], None
+
+    def model(x, ws):
+        return jax.lax.scan(layer, x, ws)[0]
+
+    rng = np.random.default_rng(4)
+
+    def n(*s):
+        return jnp.asarray(rng.standard_normal(s) * 0.02, dtype)
+
+    ws = {"ln": jnp.ones((layers, D), dtype), "wg": n(layers, D, F), "wu": n(layers, D, F),
+          "wd": n(layers, F, D)}  # fmt: skip
+    return model, (n(1, D) * 50, ws)
+
+
 def run(name, fn, args, backend=None):
     """`fn(*args)` under mirage_jax.jit against jax.jit: first call's seconds, error, decisions."""
     opts = {} if backend is None else {"backend": backend}
@@ -132,11 +153,16 @@ def run(name, fn, args, backend=None):
             [(d.index, d.status, d.reason[:60]) for d in rec.decisions],
             flush=True,
         )
+        for body in f.scan_bodies:
+            print(
+                f"  {body.last.name}:",
+                [(d.index, d.status, d.reason[:60]) for d in body.last.decisions],
+            )
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="*", default=["qwen", "linen", "sdpa"])
+    p.add_argument("models", nargs="*", default=["qwen", "linen", "sdpa", "scan"])
     p.add_argument("--backend", default=None, help="mirage_jax.jit's backend (default: its own)")
     args = p.parse_args(argv)
     if "qwen" in args.models:
@@ -148,6 +174,9 @@ def main(argv=None):
     if "sdpa" in args.models:
         fn, xs = sdpa_prefill()
         run("sdpa", fn, xs, args.backend)
+    if "scan" in args.models:
+        fn, xs = scanned_stack() if args.backend is None else scanned_stack(2, 64, 128)
+        run("scan", fn, xs, args.backend)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from mirage_jax.regions import search_region as search_region
 from mirage_jax.regions import with_xla_jvp as with_xla_jvp
 from mirage_jax.resolve import RegionDecision as RegionDecision
 from mirage_jax.resolve import Resolver, xla_decision
+from mirage_jax.scan_bodies import has_scan, with_scan_bodies
 
 BACKENDS = tuple(backends.CHOICES)
 """What `backend=` accepts (`mirage_jax.lower.backends.CHOICES` says what each is)."""
@@ -170,6 +171,7 @@ class MirageJit:
         self.cache = _open_cache(cache)
         self.stats = JitStats()
         self.records: list[TraceRecord] = []
+        self.scan_bodies: list[MirageJit] = []  # the jits of its scans' bodies (`scan_bodies`)
         self._memo: dict[str, RegionDecision] = {}
         self._checks: dict[str, Any] = {}  # whole-function checks by signature key
         self._jit_kwargs = {
@@ -230,8 +232,12 @@ class MirageJit:
         self.stats.traces += 1
         name = self._name
         clock = _Phases()
+        fn = self.fn  # with its scans' bodies optimised where it has scans (`scan_bodies`)
         try:
-            program = _capture(self.fn, args, kwargs)
+            program = _capture(fn, args, kwargs)
+            if self.opts.search != "off" and has_scan(program.meta["jaxpr"]):
+                fn = with_scan_bodies(fn, args, kwargs, self._scan_body)
+                program = _capture(fn, args, kwargs)
             self.stats.captures += 1
             part = lax_ir.partition(program)
             clock.lap("capture")
@@ -286,8 +292,21 @@ class MirageJit:
             )
         )
         if run is None:  # nothing replaced: the function itself, exactly as under jax.jit
-            return self.fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         return run(*args, **kwargs)
+
+    def _scan_body(self, body: Callable[..., Any]) -> MirageJit:
+        """A `mirage_jax.jit` of a scan's body (a flat function), with this one's options and
+        cache; kept in `scan_bodies`."""
+        cache = self.cache if self.cache is not None else False
+
+        def scan_body(*xs: Any) -> Any:
+            return body(*xs)
+
+        scan_body.__name__ = scan_body.__qualname__ = f"{self._name}.scan_body"
+        inner = MirageJit(scan_body, **{**self.opts.kwargs(), "cache": cache})
+        self.scan_bodies.append(inner)
+        return inner
 
     def _demote(self, part: Any, decisions: Sequence[Any], reasons: Mapping[int, str]) -> tuple:
         """`decisions` with the regions in `reasons` turned to XLA for that reason (counted)."""
