@@ -236,7 +236,7 @@ class MirageJit:
         try:
             program = _capture(fn, args, kwargs)
             if self.opts.search != "off" and has_scan(program.meta["jaxpr"]):
-                fn = with_scan_bodies(fn, args, kwargs, self._scan_body)
+                fn = with_scan_bodies(program, self._scan_body)
                 program = _capture(fn, args, kwargs)
             self.stats.captures += 1
             part = lax_ir.partition(program)

@@ -4,9 +4,9 @@ reach no search. Each scan body is wrapped in a `mirage_jax.jit` of its own (sam
 same cache) and the scan re-bound with the body that jit traces to: kernels inside the loop,
 found and checked once for every iteration.
 
-`with_scan_bodies(fn, args, kwargs, inner)` is `fn` with its scans' bodies replaced (scans inside
-`jit`/`closed_call` bodies too; scans inside custom-derivative rules stay as they are); where
-`fn` has no scan it is `fn` itself.
+`with_scan_bodies(program, inner)` is the captured function with its scans' bodies replaced
+(scans inside `jit`/`closed_call` bodies too; scans inside custom-derivative rules stay as they
+are); callers check `has_scan` first.
 """
 
 from __future__ import annotations
@@ -38,49 +38,15 @@ def _call_body(eqn: Any) -> Any:
     return eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
 
 
-def with_scan_bodies(
-    fn: Callable[..., Any], args: tuple, kwargs: dict, inner: Callable[[Callable], Callable]
-) -> Callable[..., Any]:
-    """`fn` with each scan body `b` replaced by the jaxpr `inner(b)` traces to (`inner` wraps a
-    flat function in a `mirage_jax.jit`); `fn` itself where it has no scan. Array leaves of
-    `(args, kwargs)` are the inputs; the others are static, as `lax_ir.capture` takes them."""
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    dynamic = [i for i, x in enumerate(leaves) if _is_array(x)]
-    out_box: list[Any] = []
+def with_scan_bodies(program: Any, inner: Callable[[Callable], Callable]) -> Callable[..., Any]:
+    """The function `program` was captured from (`lax_ir.capture`: its traced jaxpr, pytree
+    signature, static arguments and outputs), each scan's body replaced by `inner(body)` (a
+    `mirage_jax.jit` of the flat body)."""
+    import lax_ir
 
-    def flat_fn(*dyn: Any) -> list[Any]:
-        full = list(leaves)
-        for i, v in zip(dynamic, dyn):
-            full[i] = v
-        a, k = jax.tree_util.tree_unflatten(tree, full)
-        flat, out_tree = jax.tree_util.tree_flatten(fn(*a, **k))
-        out_box.append(out_tree)
-        return flat
-
-    closed = jax.make_jaxpr(flat_fn)(*[_spec(leaves[i]) for i in dynamic])
-    if not has_scan(closed):
-        return fn
+    closed = program.meta["jaxpr"]
     memo: dict[int, Any] = {}
-
-    def rewritten(*a: Any, **k: Any) -> Any:
-        ls, _ = jax.tree_util.tree_flatten((a, k))
-        outs = _eval(closed, [ls[i] for i in dynamic], inner, memo)
-        return jax.tree_util.tree_unflatten(out_box[-1], outs)
-
-    return rewritten
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, jax.core.Tracer, jax.ShapeDtypeStruct)) or (
-        hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
-    )
-
-
-def _spec(x: Any) -> jax.ShapeDtypeStruct:
-    weak = bool(getattr(x, "weak_type", False))
-    if isinstance(x, (jax.Array, jax.core.Tracer)):
-        weak = bool(getattr(jax.typeof(x), "weak_type", False))
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=weak)
+    return lax_ir.as_function(program, lambda xs: _eval(closed, list(xs), inner, memo))
 
 
 def _eval(closed: Any, args: list, inner: Callable, memo: dict) -> list:

@@ -558,6 +558,18 @@ def test_a_closed_over_weight_is_a_kernel_argument(tmp_path):
     np.testing.assert_allclose(np.asarray(got), np.asarray(block(x)), rtol=1e-4, atol=1e-4)
 
 
+def two_regions(x, w1, w2):
+    """A norm + projection, a reshape (layout), a second projection: two searched regions."""
+    h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    y = (h @ w1).reshape(x.shape[0], 2, -1).transpose(1, 0, 2).reshape(x.shape[0] * 2, -1)
+    return jnp.tanh(y @ w2)
+
+
+def two_region_inputs() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 32), (32, 64), (32, 16))]
+
+
 def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
     """The regions' searches run in a background thread, in region order (one at a time with
     one worker), and each region is selected from its own search's result
@@ -580,13 +592,7 @@ def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
     monkeypatch.setattr(regions, "search_only", search_only)
     monkeypatch.setattr(regions, "select_searched", select_searched)
 
-    def two_regions(x, w1, w2):  # a norm + projection, a reshape (layout), a second one
-        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-        y = (h @ w1).reshape(x.shape[0], 2, -1).transpose(1, 0, 2).reshape(x.shape[0] * 2, -1)
-        return jnp.tanh(y @ w2)
-
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 32), (32, 64), (32, 16))]
+    xs = two_region_inputs()
     f = mirage_jax.jit(two_regions, backend="reference", cache=tmp_path / "c.sqlite", workers=1)
     assert_close(f(*xs), jax.jit(two_regions)(*xs))
     searched = [c for c in calls if c[0] == "search"]
@@ -680,13 +686,7 @@ def test_a_region_is_selected_as_soon_as_its_search_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(regions, "search_only", search_only)
     monkeypatch.setattr(regions, "select_searched", select_searched)
 
-    def two_regions(x, w1, w2):
-        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-        y = (h @ w1).reshape(x.shape[0], 2, -1).transpose(1, 0, 2).reshape(x.shape[0] * 2, -1)
-        return jnp.tanh(y @ w2)
-
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 32), (32, 64), (32, 16))]
+    xs = two_region_inputs()
     f = mirage_jax.jit(two_regions, backend="reference", cache=tmp_path / "c.sqlite", workers=2)
     assert_close(f(*xs), jax.jit(two_regions)(*xs))
     assert len(selected) >= 2 and selected[-1] == first_hash[0] != selected[0]

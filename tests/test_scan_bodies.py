@@ -43,12 +43,25 @@ def test_a_scanned_stack_of_layers_gets_kernels_in_its_body(tmp_path):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
-def test_a_function_without_scans_is_left_as_it_is():
-    def f(x):
+def test_only_functions_with_scans_are_rewritten_and_the_signature_is_kept(tmp_path):
+    def plain(x):
         return jnp.tanh(x) * 2.0
 
-    x = jnp.ones((4, 4))
-    assert scan_bodies.with_scan_bodies(f, (x,), {}, lambda body: body) is f
+    assert not scan_bodies.has_scan(jax.make_jaxpr(plain)(jnp.ones((4, 4))))
+    assert scan_bodies.has_scan(jax.make_jaxpr(jax.jit(model))(*inputs()))  # inside a jit too
+
+    def first_layers(x, ws, scale, n):  # a static argument, a weak-typed scalar, a dict out
+        y, sums = model(x * scale, ws[:n])
+        return {"y": y, "sums": sums, "none": None}
+
+    f = mirage_jax.jit(
+        first_layers, static_argnums=3, backend="reference", cache=tmp_path / "c.sqlite", workers=1
+    )
+    x, ws = inputs()
+    got, want = f(x, ws, 0.5, 2), first_layers(x, ws, 0.5, 2)
+    assert got["none"] is None and got["sums"].shape == (2,) and len(f.scan_bodies) == 1
+    for k in ("y", "sums"):
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-5)
 
 
 def test_the_scan_operands_are_counted_in_both_parameter_forms():
