@@ -119,6 +119,8 @@ class SearchAhead:
 
         options = getattr(opts, "options", None) or {}
         at_once = int(options.get("searches_at_once", SEARCHES_AT_ONCE))
+        if at_once < 1:
+            raise ValueError(f"options['searches_at_once'] must be at least 1, got {at_once}")
         at_once = at_once if getattr(opts, "workers", 1) > 1 else 1
         self._pool = ThreadPoolExecutor(at_once, thread_name_prefix="mirage_jax-search")
         gates = gates if gates is not None else [done(None) for _ in programs]

@@ -690,3 +690,12 @@ def test_a_region_is_selected_as_soon_as_its_search_ends(tmp_path, monkeypatch):
     f = mirage_jax.jit(two_regions, backend="reference", cache=tmp_path / "c.sqlite", workers=2)
     assert_close(f(*xs), jax.jit(two_regions)(*xs))
     assert len(selected) >= 2 and selected[-1] == first_hash[0] != selected[0]
+
+
+def test_searches_at_once_below_one_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from mirage_jax import regions
+
+    with pytest.raises(ValueError, match="searches_at_once"):
+        regions.SearchAhead([], SimpleNamespace(options={"searches_at_once": 0}, workers=2))
