@@ -273,16 +273,21 @@ def _schedule(ops, producer, top_in, top_out, consts, replacements) -> Callable:
             if op.kernel is not None:
                 outs = list(replacements[op.kernel](*vals))
             else:
-                eqn = op.eqn
-                params = eqn.primitive.get_bind_params(eqn.params)
-                name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-                with (
-                    source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
-                    eqn.ctx.manager,
-                ):  # as jax.core.eval_jaxpr binds an equation
-                    got = eqn.primitive.bind(*vals, **params)
-                outs = list(got) if eqn.primitive.multiple_results else [got]
+                outs = bind_equation(op.eqn, vals)
             env.update(zip(op.outs, outs))
         return [read(o) for o in top_out]
 
     return run
+
+
+def bind_equation(eqn: Any, vals: Sequence[Any]) -> list[Any]:
+    """Bind one traced equation to `vals` as `jax.core.eval_jaxpr` does (its source info and
+    context kept); its outputs as a list."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with (
+        source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+        eqn.ctx.manager,
+    ):
+        got = eqn.primitive.bind(*vals, **params)
+    return list(got) if eqn.primitive.multiple_results else [got]

@@ -17,6 +17,9 @@ from typing import Any
 import jax
 from jax.extend import core as jex_core
 
+from lax_ir.capture import call_body
+from mirage_jax.assemble import bind_equation
+
 CALLS = ("pjit", "jit", "closed_call", "core_call")
 """Call primitives whose bodies are searched for scans (their `jaxpr` or `call_jaxpr`)."""
 
@@ -33,9 +36,8 @@ def has_scan(closed: Any) -> bool:
 
 
 def _call_body(eqn: Any) -> Any:
-    if eqn.primitive.name not in CALLS:
-        return None
-    return eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    """The body of a plain call (`CALLS`), or None (custom-derivative calls are left alone)."""
+    return call_body(eqn) if eqn.primitive.name in CALLS else None
 
 
 def with_scan_bodies(program: Any, inner: Callable[[Callable], Callable]) -> Callable[..., Any]:
@@ -52,8 +54,6 @@ def with_scan_bodies(program: Any, inner: Callable[[Callable], Callable]) -> Cal
 def _eval(closed: Any, args: list, inner: Callable, memo: dict) -> list:
     """Bind `closed`'s equations as `jax.core.eval_jaxpr` does, each scan with its body
     optimised (`_scan`) and each call holding a scan inlined."""
-    from jax._src import source_info_util
-
     env: dict[Any, Any] = {}
 
     def read(v: Any) -> Any:
@@ -69,14 +69,7 @@ def _eval(closed: Any, args: list, inner: Callable, memo: dict) -> list:
         elif body is not None and has_scan(body):
             outs = _eval(body, vals, inner, memo)
         else:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-            with (
-                source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
-                eqn.ctx.manager,
-            ):
-                got = eqn.primitive.bind(*vals, **params)
-            outs = list(got) if eqn.primitive.multiple_results else [got]
+            outs = bind_equation(eqn, vals)
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in closed.jaxpr.outvars]
 
@@ -110,9 +103,7 @@ def _scan(eqn: Any, vals: list, inner: Callable, memo: dict) -> list:
         from mirage_jax._env import warn_once
 
         warn_once(f"scan-body:{id(body)}", f"mirage_jax: a scan body kept as traced ({e})")
-        params = eqn.primitive.get_bind_params(eqn.params)
-        got = eqn.primitive.bind(*vals, **params)
-        return list(got)
+        return bind_equation(eqn, vals)
     return [*carry_out, *ys]
 
 
@@ -122,7 +113,3 @@ def _counts(params: dict) -> tuple[int, int]:
         return int(params["num_consts"]), int(params["num_carry"])
     groups = params["ft_in"].unpack()  # jax 0.12: flat trees of (consts, carry, xs)
     return len(list(groups[0].vals)), len(list(groups[1].vals))
-
-
-def _type(a: Any) -> tuple:
-    return a.shape, a.dtype, bool(getattr(a, "weak_type", False))
