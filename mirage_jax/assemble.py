@@ -2,7 +2,8 @@
 
 `assemble` re-binds the jaxpr the function traced to (`lax_ir.capture` keeps it, with where each
 Program node's value lives in it: `meta["origins"]`) equation by equation, as `jax.jit` would
-trace it: the same primitives with the same params, effects included and in their order. A
+trace it: the same primitives with the same params, effects included and in their order (but
+for the equations `glue` binds in a cheaper exact form). A
 region that gets a kernel is substituted where its outputs were computed; the equations that
 computed them are then dead and XLA drops them. Calls (`pjit`, `custom_jvp_call`, ...) are
 bound whole, except those a substituted value lives inside: their bodies are inlined. A region
@@ -22,6 +23,7 @@ from jax._src import source_info_util  # names and tracebacks of re-bound equati
 from jax.extend import core as jex_core
 
 from lax_ir.capture import call_body
+from mirage_jax import glue
 
 Place = tuple  # ("in", k) or (equation path, output k)
 Key = tuple  # a value of the flattened jaxpr: (scope path, id of the Var)
@@ -282,12 +284,14 @@ def _schedule(ops, producer, top_in, top_out, consts, replacements) -> Callable:
 
 def bind_equation(eqn: Any, vals: Sequence[Any]) -> list[Any]:
     """Bind one traced equation to `vals` as `jax.core.eval_jaxpr` does (its source info and
-    context kept); its outputs as a list."""
-    params = eqn.primitive.get_bind_params(eqn.params)
+    context kept), in its cheaper exact form where `glue` has one; its outputs as a list."""
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with (
         source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
         eqn.ctx.manager,
     ):
-        got = eqn.primitive.bind(*vals, **params)
+        cheaper = glue.bind_cheaper(eqn, vals)
+        if cheaper is not None:
+            return cheaper
+        got = eqn.primitive.bind(*vals, **eqn.primitive.get_bind_params(eqn.params))
     return list(got) if eqn.primitive.multiple_results else [got]
