@@ -65,6 +65,7 @@ BACKENDS = tuple(backends.CHOICES)
 SEARCH_MODES = ("auto", "cached", "off")
 """auto: cache, then search on a miss; cached: cache only; off: plain XLA, no cache."""
 DEFAULT_BUDGET_S = 60.0
+_DONATE = ("donate_argnums", "donate_argnames")
 
 
 # ---------------------------------------------------------------------- records
@@ -172,6 +173,7 @@ class MirageJit:
         self.stats = JitStats()
         self.records: list[TraceRecord] = []
         self.scan_bodies: list[MirageJit] = []  # the jits of its scans' bodies (`scan_bodies`)
+        self._in_scan = False  # a scan's body (`_scan_body`)
         self._memo: dict[str, RegionDecision] = {}
         self._checks: dict[str, Any] = {}  # whole-function checks by signature key
         self._jit_kwargs = {
@@ -262,7 +264,7 @@ class MirageJit:
         clock.lap("search_and_select")
         run = None
         if replacements:
-            asm = assemble(program, part, replacements)
+            asm = self._assemble(program, part, replacements)
             decisions = self._demote(part, decisions, asm.skipped)
             if asm.substituted:
                 run = lax_ir.as_function(program, asm.fn)
@@ -305,8 +307,16 @@ class MirageJit:
 
         scan_body.__name__ = scan_body.__qualname__ = f"{self._name}.scan_body"
         inner = MirageJit(scan_body, **{**self.opts.kwargs(), "cache": cache})
+        inner._in_scan = True
         self.scan_bodies.append(inner)
         return inner
+
+    def _assemble(self, program: Any, part: Any, replacements: Mapping[int, Callable]) -> Any:
+        """`assemble` with the inputs XLA copies to update: all of them, unless some argument
+        is donated or this is a scan's body (whose inputs XLA may update in place)."""
+        donates = any(self._jit_kwargs[k] not in (None, (), []) for k in _DONATE)
+        copied = () if donates or self._in_scan else range(len(program.meta["jaxpr"].jaxpr.invars))
+        return assemble(program, part, replacements, copied)
 
     def _demote(self, part: Any, decisions: Sequence[Any], reasons: Mapping[int, str]) -> tuple:
         """`decisions` with the regions in `reasons` turned to XLA for that reason (counted)."""

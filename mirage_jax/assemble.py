@@ -15,7 +15,7 @@ function itself, so it compiles exactly as under `jax.jit`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +112,16 @@ class _Flattener:
         return [self.key(scope, v) for v in jaxpr.outvars]
 
 
-def assemble(program: Any, part: Any, replacements: Mapping[int, Callable]) -> Assembly:
+def assemble(
+    program: Any,
+    part: Any,
+    replacements: Mapping[int, Callable],
+    copied_inputs: Collection[int] = (),
+) -> Assembly:
     """The function of `program` (captured with `lax_ir.capture`) with `replacements[k]`
-    computing region k's outputs from its inputs; everything else bound as it was traced."""
+    computing region k's outputs from its inputs; everything else bound as it was traced (or in
+    `glue`'s cheaper form). `copied_inputs`: the inputs XLA must copy to update in place (not
+    donated), whose updates `glue` may write as it copies."""
     closed = program.meta["jaxpr"]
     origins = program.meta["origins"]
     chosen: dict[int, tuple[list[Place], list[Place]]] = {}
@@ -165,7 +172,8 @@ def assemble(program: Any, part: Any, replacements: Mapping[int, Callable]) -> A
         ops.append(kop)
         for o in out_keys:
             producer[o] = len(ops) - 1
-    fn = _schedule(ops, producer, top_in, top_out, flat.consts, calls)
+    copied = {top_in[k] for k in copied_inputs}
+    fn = _schedule(ops, producer, top_in, top_out, flat.consts, calls, copied)
     return Assembly(fn, tuple(sorted(chosen)), skipped)
 
 
@@ -222,7 +230,7 @@ def _derive(
     return anchors, prepare
 
 
-def _schedule(ops, producer, top_in, top_out, consts, replacements) -> Callable:
+def _schedule(ops, producer, top_in, top_out, consts, replacements, copied) -> Callable:
     """The ops that outputs and effects need, in the traced order where data allows."""
     deps: list[set[int]] = [set() for _ in ops]
     for j, op in enumerate(ops):
@@ -275,22 +283,24 @@ def _schedule(ops, producer, top_in, top_out, consts, replacements) -> Callable:
             if op.kernel is not None:
                 outs = list(replacements[op.kernel](*vals))
             else:
-                outs = bind_equation(op.eqn, vals)
+                first = op.ins[0] if op.ins else ("lit",)
+                outs = bind_equation(op.eqn, vals, first[0] != "lit" and first in copied)
             env.update(zip(op.outs, outs))
         return [read(o) for o in top_out]
 
     return run
 
 
-def bind_equation(eqn: Any, vals: Sequence[Any]) -> list[Any]:
+def bind_equation(eqn: Any, vals: Sequence[Any], copied: bool = False) -> list[Any]:
     """Bind one traced equation to `vals` as `jax.core.eval_jaxpr` does (its source info and
-    context kept), in its cheaper exact form where `glue` has one; its outputs as a list."""
+    context kept), in its cheaper exact form where `glue` has one (`copied`: its first operand
+    is an input XLA must copy to update); its outputs as a list."""
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with (
         source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
         eqn.ctx.manager,
     ):
-        cheaper = glue.bind_cheaper(eqn, vals)
+        cheaper = glue.bind_cheaper(eqn, vals, copied)
         if cheaper is not None:
             return cheaper
         got = eqn.primitive.bind(*vals, **eqn.primitive.get_bind_params(eqn.params))

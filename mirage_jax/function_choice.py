@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import lax_ir
-from mirage_jax.assemble import assemble
 from mirage_jax.function_check import (
     FunctionCheck,
     best_subset,
@@ -108,7 +107,7 @@ class FunctionChoice:
         assembled: dict[frozenset[int], Any] = {}
 
         def check(subset: frozenset[int]) -> FunctionCheck | None:
-            asm = assembled[subset] = assemble(
+            asm = assembled[subset] = self.owner._assemble(
                 self.program, self.part, {k: replacements[k] for k in subset}
             )
             if asm.skipped or not asm.substituted:
@@ -143,7 +142,9 @@ class FunctionChoice:
                     impls[k] = owner._kernel(part, part.regions[k], d, self.backend)
             if any(isinstance(impls[k], str) for k in subset):
                 return None
-            asm = assembled[subset] = assemble(self.program, part, {k: impls[k] for k in subset})
+            asm = assembled[subset] = owner._assemble(
+                self.program, part, {k: impls[k] for k in subset}
+            )
             if asm.skipped or not asm.substituted:
                 return None
             chosen = [as_kernels.get(d.index, d) for d in decisions if d.index in subset]
