@@ -264,7 +264,7 @@ class MirageJit:
         clock.lap("search_and_select")
         run = None
         if replacements:
-            asm = self._assemble(program, part, replacements)
+            asm = self._assemble(program, part, replacements, backend)
             decisions = self._demote(part, decisions, asm.skipped)
             if asm.substituted:
                 run = lax_ir.as_function(program, asm.fn)
@@ -311,12 +311,19 @@ class MirageJit:
         self.scan_bodies.append(inner)
         return inner
 
-    def _assemble(self, program: Any, part: Any, replacements: Mapping[int, Callable]) -> Any:
-        """`assemble` with the inputs XLA copies to update: all of them, unless some argument
-        is donated or this is a scan's body (whose inputs XLA may update in place)."""
+    def _assemble(
+        self, program: Any, part: Any, replacements: Mapping[int, Callable], backend: str
+    ) -> Any:
+        """`assemble` with the inputs whose updated copies `copy_update` writes."""
+        return assemble(program, part, replacements, self._copied(program, backend))
+
+    def _copied(self, program: Any, backend: str) -> Sequence[int]:
+        """The inputs XLA must copy to update: all of them on a GPU backend, unless some
+        argument is donated or this is a scan's body (whose inputs XLA may update in place)."""
         donates = any(self._jit_kwargs[k] not in (None, (), []) for k in _DONATE)
-        copied = () if donates or self._in_scan else range(len(program.meta["jaxpr"].jaxpr.invars))
-        return assemble(program, part, replacements, copied)
+        if not backends.get(backend).needs_gpu or donates or self._in_scan:
+            return ()
+        return range(len(program.meta["jaxpr"].jaxpr.invars))
 
     def _demote(self, part: Any, decisions: Sequence[Any], reasons: Mapping[int, str]) -> tuple:
         """`decisions` with the regions in `reasons` turned to XLA for that reason (counted)."""

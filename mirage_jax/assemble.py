@@ -23,7 +23,9 @@ from jax._src import source_info_util  # names and tracebacks of re-bound equati
 from jax.extend import core as jex_core
 
 from lax_ir.capture import call_body
-from mirage_jax import glue
+from mirage_jax import copy_update, glue
+from mirage_jax.log import logger
+from mirage_jax.lower.registry import LoweringError
 
 Place = tuple  # ("in", k) or (equation path, output k)
 Key = tuple  # a value of the flattened jaxpr: (scope path, id of the Var)
@@ -117,11 +119,13 @@ def assemble(
     part: Any,
     replacements: Mapping[int, Callable],
     copied_inputs: Collection[int] = (),
+    interpret: bool = False,
 ) -> Assembly:
     """The function of `program` (captured with `lax_ir.capture`) with `replacements[k]`
     computing region k's outputs from its inputs; everything else bound as it was traced (or in
-    `glue`'s cheaper form). `copied_inputs`: the inputs XLA must copy to update in place (not
-    donated), whose updates `glue` may write as it copies."""
+    `glue`'s cheaper form). `copied_inputs`: the inputs XLA must copy to update them (not
+    donated); their updates are written, copies and all, by one `copy_update` kernel (in
+    Triton's interpreter with `interpret`)."""
     closed = program.meta["jaxpr"]
     origins = program.meta["origins"]
     chosen: dict[int, tuple[list[Place], list[Place]]] = {}
@@ -172,9 +176,69 @@ def assemble(
         ops.append(kop)
         for o in out_keys:
             producer[o] = len(ops) - 1
-    copied = {top_in[k] for k in copied_inputs}
-    fn = _schedule(ops, producer, top_in, top_out, flat.consts, calls, copied)
+    if copied_inputs and chosen:
+        _write_copies(ops, producer, {top_in[k] for k in copied_inputs}, calls, interpret)
+    fn = _schedule(ops, producer, top_in, top_out, flat.consts, calls)
     return Assembly(fn, tuple(sorted(chosen)), skipped)
+
+
+COPIES = -1
+"""The key of the `copy_update` kernel among the replacements."""
+
+
+def _write_copies(ops: list, producer: dict, copied: set, calls: dict, interpret: bool) -> None:
+    """The updates of `copied` inputs that `copy_update` can write, as one op of it (appended
+    to `ops`, producing their values); an update whose window is made from another's result is
+    left to XLA."""
+    members: dict[int, set[int]] = {}  # each with its ancestors
+    shapes: list[Any] = []
+
+    def ancestors(j: int) -> set[int]:
+        seen, stack = set(), [j]
+        while stack:
+            for a in ops[stack.pop()].ins:
+                p = producer.get(a) if a[0] != "lit" else None
+                if p is not None and p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return seen
+
+    for j, op in enumerate(ops):
+        if op.kernel is not None or not op.ins or op.ins[0][0] == "lit":
+            continue
+        if op.ins[0] not in copied or producer.get(op.outs[0]) != j:
+            continue
+        found = glue.update_of(op.eqn)
+        if found is None:
+            continue
+        up = ancestors(j)
+        if up & set(members) or any(j in a for a in members.values()):
+            continue
+        members[j] = up
+        aval = op.eqn.invars[0].aval
+        shapes.append(copy_update.Update(tuple(aval.shape), str(aval.dtype), found[1]))
+    if not members:
+        return
+    try:
+        write = copy_update.writer(shapes, interpret)
+    except LoweringError as e:  # no jax-triton here: XLA copies and updates them
+        logger.debug("the copies of updated inputs are XLA's: %s", e)
+        return
+    eqns = [(ops[j].eqn, len(ops[j].ins)) for j in members]
+
+    def run(*vals: Any) -> list[Any]:
+        items, at = [], 0
+        for eqn, n in eqns:
+            items.append(glue.as_update(eqn, vals[at : at + n]))
+            at += n
+        return write(items)
+
+    ins = [a for j in members for a in ops[j].ins]
+    outs = [ops[j].outs[0] for j in members]
+    ops.append(_Op(None, ins, outs, max(ops[j].order for j in members), kernel=COPIES))
+    for o in outs:
+        producer[o] = len(ops) - 1
+    calls[COPIES] = run
 
 
 MAX_DERIVED = 8
@@ -230,7 +294,7 @@ def _derive(
     return anchors, prepare
 
 
-def _schedule(ops, producer, top_in, top_out, consts, replacements, copied) -> Callable:
+def _schedule(ops, producer, top_in, top_out, consts, replacements) -> Callable:
     """The ops that outputs and effects need, in the traced order where data allows."""
     deps: list[set[int]] = [set() for _ in ops]
     for j, op in enumerate(ops):
@@ -283,24 +347,22 @@ def _schedule(ops, producer, top_in, top_out, consts, replacements, copied) -> C
             if op.kernel is not None:
                 outs = list(replacements[op.kernel](*vals))
             else:
-                first = op.ins[0] if op.ins else ("lit",)
-                outs = bind_equation(op.eqn, vals, first[0] != "lit" and first in copied)
+                outs = bind_equation(op.eqn, vals)
             env.update(zip(op.outs, outs))
         return [read(o) for o in top_out]
 
     return run
 
 
-def bind_equation(eqn: Any, vals: Sequence[Any], copied: bool = False) -> list[Any]:
+def bind_equation(eqn: Any, vals: Sequence[Any]) -> list[Any]:
     """Bind one traced equation to `vals` as `jax.core.eval_jaxpr` does (its source info and
-    context kept), in its cheaper exact form where `glue` has one (`copied`: its first operand
-    is an input XLA must copy to update); its outputs as a list."""
+    context kept), in its cheaper exact form where `glue` has one; its outputs as a list."""
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with (
         source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
         eqn.ctx.manager,
     ):
-        cheaper = glue.bind_cheaper(eqn, vals, copied)
+        cheaper = glue.bind_cheaper(eqn, vals)
         if cheaper is not None:
             return cheaper
         got = eqn.primitive.bind(*vals, **eqn.primitive.get_bind_params(eqn.params))

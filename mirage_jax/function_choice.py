@@ -108,7 +108,7 @@ class FunctionChoice:
 
         def check(subset: frozenset[int]) -> FunctionCheck | None:
             asm = assembled[subset] = self.owner._assemble(
-                self.program, self.part, {k: replacements[k] for k in subset}
+                self.program, self.part, {k: replacements[k] for k in subset}, self.backend
             )
             if asm.skipped or not asm.substituted:
                 return None
@@ -143,7 +143,7 @@ class FunctionChoice:
             if any(isinstance(impls[k], str) for k in subset):
                 return None
             asm = assembled[subset] = owner._assemble(
-                self.program, part, {k: impls[k] for k in subset}
+                self.program, part, {k: impls[k] for k in subset}, self.backend
             )
             if asm.skipped or not asm.substituted:
                 return None

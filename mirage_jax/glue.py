@@ -12,12 +12,11 @@ XLA lowers to more kernels than they need:
   instead, which `dynamic_update_slice` cannot say: it is bound as traced.
 - **An update of an input that XLA must copy.** A function that returns an updated copy of an
   input it does not donate (a decode step called without `donate_argnums`) makes XLA copy the
-  input whole, then update the copy in place: two launches per cache. Where the window is one
-  position along each dimension it moves on and whole along the others, the update is one
-  `select` that writes the copy with the new rows in it (on the H100, two 0.26 MB caches: 1.9
-  µs against 4.5 for the copies and updates; two 16.8 MB ones: 11.0 against 13.5). It is
-  used only for the function's own inputs (`copied`): an intermediate value, or a donated
-  input, XLA updates in place, which the select would turn into a full pass.
+  input whole, then write the window into the copy: two launches per cache. `copy_update`
+  writes every such copy, new rows included, in one launch; `update_of` says which updates it
+  can take (a window one position along each dimension it moves on, whole along the others).
+  Writing the copy with a `select` instead was tried and lost on the H100 (XLA fused each
+  cache's select apart and split the rotary embedding's sin and cos out of its fusions).
 """
 
 from __future__ import annotations
@@ -59,8 +58,9 @@ def _scatter_window(eqn: Any, operand: Any, indices: Any, updates: Any) -> tuple
     return window, to_operand
 
 
-def _as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | None:
-    """(operand, window, start per operand dimension) of a one-window update, else None."""
+def as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | None:
+    """(input, window values, start per input dimension) of a one-window update bound to
+    `vals`, else None."""
     if eqn.primitive is lax.dynamic_update_slice_p:
         return vals[0], vals[1], list(vals[2:])
     if eqn.primitive is not lax.scatter_p or len(vals) != 3:
@@ -77,37 +77,38 @@ def _as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | No
     return operand, lax.reshape(updates, window), starts
 
 
-def _select_update(operand: Any, window: Any, starts: Sequence[Any]) -> Any | None:
-    """The update as one select over a copy of `operand`, where the window is one position or
-    whole along each dimension; else None."""
-    if any(w not in (1, n) for w, n in zip(window.shape, operand.shape)):
+def update_of(eqn: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(window shape, the dimensions it is one position along) of a one-window update (a
+    `dynamic_update_slice`, or a scatter `bind_cheaper` binds as one) that `copy_update` can
+    write, from the equation's types alone; else None."""
+    avals = [v.aval for v in eqn.invars]
+    if eqn.primitive is lax.dynamic_update_slice_p:
+        operand, window, dtype = avals[0], tuple(avals[1].shape), avals[1].dtype
+    elif eqn.primitive is lax.scatter_p and len(avals) == 3:
+        operand, dtype = avals[0], avals[2].dtype
+        found = _scatter_window(eqn, *avals)
+        if found is None:
+            return None
+        window = found[0]
+    else:
         return None
-    mask = None
-    for d, (w, n) in enumerate(zip(window.shape, operand.shape)):
-        if w == n:  # whole: the start clips to 0
-            continue
-        at = lax.clamp(0, lax.convert_element_type(starts[d], "int32"), n - 1)
-        hit = lax.broadcasted_iota("int32", operand.shape, d) == at
-        mask = hit if mask is None else lax.bitwise_and(mask, hit)
-    if mask is None:  # the window is the whole operand
-        return window
-    rows = lax.broadcast_in_dim(window, operand.shape, tuple(range(operand.ndim)))
-    return lax.select(mask, rows, operand)
+    shape = tuple(operand.shape)
+    if operand.dtype != dtype or math.prod(shape) >= 2**31:
+        return None
+    if any(w not in (1, n) for w, n in zip(window, shape)):
+        return None
+    return window, tuple(d for d, (w, n) in enumerate(zip(window, shape)) if w != n)
 
 
-def bind_cheaper(eqn: Any, vals: Sequence[Any], copied: bool = False) -> list[Any] | None:
+def bind_cheaper(eqn: Any, vals: Sequence[Any]) -> list[Any] | None:
     """`eqn` bound to `vals` in a cheaper exact form, or None where it has none (bind it as
-    traced). `copied`: its first operand is an input XLA must copy to update."""
-    update = _as_update(eqn, vals)
+    traced)."""
+    if eqn.primitive is not lax.scatter_p:
+        return None
+    update = as_update(eqn, vals)
     if update is None:
         return None
     operand, window, starts = update
-    if copied:
-        selected = _select_update(operand, window, starts)
-        if selected is not None:
-            return [selected]
-    if eqn.primitive is lax.dynamic_update_slice_p:
-        return None
     # The primitive: `lax.dynamic_update_slice` would first wrap a negative start around, which
     # the scatter does not; the primitive clips as the scatter does.
     return [lax.dynamic_update_slice_p.bind(operand, window, *starts)]
