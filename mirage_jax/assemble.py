@@ -187,58 +187,31 @@ COPIES = -1
 
 
 def _write_copies(ops: list, producer: dict, copied: set, calls: dict, interpret: bool) -> None:
-    """The updates of `copied` inputs that `copy_update` can write, as one op of it (appended
-    to `ops`, producing their values); an update whose window is made from another's result is
-    left to XLA."""
-    members: dict[int, set[int]] = {}  # each with its ancestors
-    shapes: list[Any] = []
-
-    def ancestors(j: int) -> set[int]:
-        seen, stack = set(), [j]
-        while stack:
-            for a in ops[stack.pop()].ins:
-                p = producer.get(a) if a[0] != "lit" else None
-                if p is not None and p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        return seen
-
-    for j, op in enumerate(ops):
-        if op.kernel is not None or not op.ins or op.ins[0][0] == "lit":
-            continue
-        if op.ins[0] not in copied or producer.get(op.outs[0]) != j:
-            continue
-        found = glue.update_of(op.eqn)
-        if found is None:
-            continue
-        up = ancestors(j)
-        if up & set(members) or any(j in a for a in members.values()):
-            continue
-        members[j] = up
-        aval = op.eqn.invars[0].aval
-        shapes.append(copy_update.Update(tuple(aval.shape), str(aval.dtype), found[1]))
-    if not members:
+    """The `copied` inputs that an update (a `dynamic_update_slice` or a scatter) writes into,
+    copied by one `copy_update` kernel (an op appended to `ops`); the updates then read its
+    copies, which XLA updates in place."""
+    members = [
+        j
+        for j, op in enumerate(ops)
+        if op.kernel is None
+        and op.ins
+        and op.ins[0][0] != "lit"
+        and op.ins[0] in copied
+        and (op.eqn.primitive.name == "dynamic_update_slice" or glue.is_scatter(op.eqn))
+    ]
+    avals = [ops[j].eqn.invars[0].aval for j in members]
+    if not copy_update.worth_it(avals):
         return
     try:
-        write = copy_update.writer(shapes, interpret)
-    except LoweringError as e:  # no jax-triton here: XLA copies and updates them
+        calls[COPIES] = copy_update.copier(avals, interpret)
+    except LoweringError as e:  # no jax-triton here: XLA copies them
         logger.debug("the copies of updated inputs are XLA's: %s", e)
         return
-    eqns = [(ops[j].eqn, len(ops[j].ins)) for j in members]
-
-    def run(*vals: Any) -> list[Any]:
-        items, at = [], 0
-        for eqn, n in eqns:
-            items.append(glue.as_update(eqn, vals[at : at + n]))
-            at += n
-        return write(items)
-
-    ins = [a for j in members for a in ops[j].ins]
-    outs = [ops[j].outs[0] for j in members]
-    ops.append(_Op(None, ins, outs, max(ops[j].order for j in members), kernel=COPIES))
-    for o in outs:
+    outs = [("copy", j) for j in members]
+    ops.append(_Op(None, [ops[j].ins[0] for j in members], outs, -1, kernel=COPIES))
+    for j, o in zip(members, outs):
         producer[o] = len(ops) - 1
-    calls[COPIES] = run
+        ops[j].ins = [o, *ops[j].ins[1:]]
 
 
 MAX_DERIVED = 8

@@ -1,12 +1,13 @@
-"""One kernel that writes the updated copies of a function's inputs (KV caches, not donated).
+"""One kernel that copies the inputs a function updates (KV caches it does not donate).
 
 A decode step called without `donate_argnums` returns new caches: XLA copies each input cache
-whole, then writes the new rows into the copy, two launches per cache (on the H100 at
-2026-11-27: 1.5 µs per 0.26 MB copy and 1.1-1.3 µs per row write). `glue` finds those
-updates; this kernel does all of them in one launch: each block copies a run of one input and
-takes, where an element lies in its update's window, the new value instead. The window is one
-position along the dimensions the update moves on (its start clipped into range, as
-`dynamic_update_slice` clips it) and whole along the others.
+whole (one memcpy launch per cache), then writes the new rows into the copy in place. The
+copies are launch-bound at decode sizes (on the H100 at 2026-11-27: 1.5 µs per 0.26 MB cache).
+This kernel copies all of them in one launch; XLA's updates then write into its outputs in
+place, with what XLA fused into them (a rotary embedding) kept.
+
+Writing the new rows in the same kernel was tried and lost on the H100: the rows became the
+kernel's operands, so XLA split the rotary embedding out of the update into more fusions.
 """
 
 from __future__ import annotations
@@ -14,112 +15,59 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
 from mirage_jax.lower.triton_runtime import launcher
 
-BLOCK = 2048
-"""Elements per block: 4 KB of float16, 16 per thread of 4 warps."""
+BLOCK = 4096
+"""Elements per block: 8 KB of float16, 32 per thread of 4 warps."""
+
+MAX_BYTES = 32 << 20
+"""Inputs larger than this (together) are left to XLA's copies, which run at full bandwidth
+and whose launches no longer matter."""
 
 
-@dataclass(frozen=True)
-class Update:
-    """One update: the input's shape and dtype, and the dimensions its window is one position
-    along (`points`, each with a start)."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    points: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def window(self) -> tuple[int, ...]:
-        return tuple(1 if d in self.points else n for d, n in enumerate(self.shape))
-
-
-def _strides(shape: Sequence[int]) -> list[int]:
-    out, s = [], 1
-    for n in reversed(shape):
-        out.append(s)
-        s *= n
-    return out[::-1]
-
-
-def source(updates: Sequence[Update], name: str) -> str:
-    """Triton source of the kernel for `updates`: arguments (starts, then input and window per
-    update, then the outputs), one range of blocks per update."""
-    ins = [f"x{i}, w{i}" for i in range(len(updates))]
-    outs = [f"o{i}" for i in range(len(updates))]
+def source(sizes: Sequence[int], name: str) -> str:
+    """Triton source of the kernel copying flat inputs of `sizes` elements: arguments (the
+    inputs, then the outputs), one range of blocks per input."""
+    ins = [f"x{i}" for i in range(len(sizes))]
+    outs = [f"o{i}" for i in range(len(sizes))]
     lines = [
         "import triton",
         "import triton.language as tl",
         "",
         "",
         "@triton.jit",
-        f"def {name}(starts, {', '.join(ins)}, {', '.join(outs)}):",
+        f"def {name}({', '.join(ins + outs)}):",
         "    pid = tl.program_id(0)",
     ]
-    first, at = 0, 0
-    for i, u in enumerate(updates):
-        blocks = -(-u.size // BLOCK)
-        strides, wstrides = _strides(u.shape), _strides(u.window)
+    first = 0
+    for i, n in enumerate(sizes):
+        blocks = -(-n // BLOCK)
         lines += [
             f"    if (pid >= {first}) & (pid < {first + blocks}):",
             f"        e{i} = (pid - {first}) * {BLOCK} + tl.arange(0, {BLOCK})",
-            f"        live{i} = e{i} < {u.size}",
-            f"        hit{i} = live{i}",
-            f"        k{i} = tl.zeros_like(e{i})",
-        ]
-        for d, n in enumerate(u.shape):
-            index = f"((e{i} // {strides[d]}) % {n})"
-            if d in u.points:
-                lines += [
-                    f"        p{i}_{d} = tl.minimum(tl.maximum(tl.load(starts + {at}), 0), {n - 1})",
-                    f"        hit{i} = hit{i} & ({index} == p{i}_{d})",
-                ]
-                at += 1
-            elif n > 1:
-                lines.append(f"        k{i} += {index} * {wstrides[d]}")
-        lines += [
-            f"        x{i}v = tl.load(x{i} + e{i}, mask=live{i})",
-            f"        w{i}v = tl.load(w{i} + k{i}, mask=hit{i})",
-            f"        tl.store(o{i} + e{i}, tl.where(hit{i}, w{i}v, x{i}v), mask=live{i})",
+            f"        tl.store(o{i} + e{i}, tl.load(x{i} + e{i}, mask=e{i} < {n}), mask=e{i} < {n})",
         ]
         first += blocks
     return "\n".join(lines) + "\n"
 
 
-Item = tuple  # (input, window values, start per dimension of the input)
+def worth_it(avals: Sequence[jax.core.ShapedArray]) -> bool:
+    """Whether one kernel should copy inputs of these types (more than one, small enough
+    that launches matter, each under 2**31 elements)."""
+    sizes = [math.prod(a.shape) for a in avals]
+    total = sum(n * a.dtype.itemsize for n, a in zip(sizes, avals))
+    return len(avals) > 1 and total <= MAX_BYTES and max(sizes) < 2**31
 
 
-def writer(updates: Sequence[Update], interpret: bool) -> Callable[[Sequence[Item]], list]:
-    """A function of one (input, window, starts) item per update giving the updated copies,
-    in one launch (Triton's interpreter on the host with `interpret`)."""
-    updates = tuple(updates)
-    key = hashlib.sha256(repr(updates).encode()).hexdigest()[:12]
-    name = f"copy_update_{key}"
-    blocks = sum(-(-u.size // BLOCK) for u in updates)
-    out_shape = [jax.ShapeDtypeStruct(u.shape, u.dtype) for u in updates]
-    run = launcher(
-        name, source(updates, name), out_shape, (blocks,), 4, 1, interpret, "copy_update"
-    )
-
-    def write(items: Sequence[Item]) -> list[jax.Array]:
-        starts = [
-            lax.convert_element_type(s[d], jnp.int32)
-            for (_, _, s), u in zip(items, updates)
-            for d in u.points
-        ]
-        flat: list[jax.Array] = [jnp.stack(starts) if starts else jnp.zeros((1,), jnp.int32)]
-        for (x, w, _), u in zip(items, updates):
-            flat += [x, lax.reshape(w, u.window)]
-        return run(*flat)
-
-    return write
+def copier(avals: Sequence[jax.core.ShapedArray], interpret: bool) -> Callable[..., list]:
+    """A function of the inputs (of types `avals`) giving copies of them, in one launch
+    (Triton's interpreter on the host with `interpret`)."""
+    shapes = tuple((tuple(a.shape), str(a.dtype)) for a in avals)
+    name = f"copy_inputs_{hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]}"
+    sizes = [math.prod(s) for s, _ in shapes]
+    blocks = sum(-(-n // BLOCK) for n in sizes)
+    out_shape = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
+    return launcher(name, source(sizes, name), out_shape, (blocks,), 4, 1, interpret, "copies")

@@ -1,22 +1,14 @@
 """Cheaper exact forms of the XLA glue the assembly binds (equations outside the fragment).
 
-`assemble` re-binds the user's equations as traced, except two forms of a KV-cache write that
-XLA lowers to more kernels than they need:
-
-- **A clipped one-window scatter.** `jax.vmap` of `lax.dynamic_update_slice` (the equinox way
-  of writing a cache, one example at a time) traces to a `scatter` in `clip` mode with one
-  index vector. XLA cannot tell that the clipped index is in bounds, so it reads the old slice,
-  tests the bounds and selects before updating: three kernels more per cache. Clipping the
-  start so that the window fits is what `dynamic_update_slice` does by definition, so the
-  scatter is bound as one. `.at[i].set(v)`'s default mode drops an out-of-bounds update
-  instead, which `dynamic_update_slice` cannot say: it is bound as traced.
-- **An update of an input that XLA must copy.** A function that returns an updated copy of an
-  input it does not donate (a decode step called without `donate_argnums`) makes XLA copy the
-  input whole, then write the window into the copy: two launches per cache. `copy_update`
-  writes every such copy, new rows included, in one launch; `update_of` says which updates it
-  can take (a window one position along each dimension it moves on, whole along the others).
-  Writing the copy with a `select` instead was tried and lost on the H100 (XLA fused each
-  cache's select apart and split the rotary embedding's sin and cos out of its fusions).
+`assemble` re-binds the user's equations as traced, except one form of a KV-cache write that
+XLA lowers to more kernels than it needs: a clipped one-window scatter. `jax.vmap` of
+`lax.dynamic_update_slice` (the equinox way of writing a cache, one example at a time) traces to
+a `scatter` in `clip` mode with one index vector. XLA cannot tell that the clipped index is in
+bounds, so it reads the old slice, tests the bounds and selects before updating: three kernels
+more per cache. Clipping the start so that the window fits is what `dynamic_update_slice` does
+by definition, so the scatter is bound as one. `.at[i].set(v)`'s default mode drops an
+out-of-bounds update instead, which `dynamic_update_slice` cannot say: it is bound as traced.
+(The copies XLA makes of the inputs that updates write into are `copy_update`'s.)
 """
 
 from __future__ import annotations
@@ -58,11 +50,9 @@ def _scatter_window(eqn: Any, operand: Any, indices: Any, updates: Any) -> tuple
     return window, to_operand
 
 
-def as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | None:
-    """(input, window values, start per input dimension) of a one-window update bound to
+def _as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | None:
+    """(input, window values, start per input dimension) of a one-window scatter bound to
     `vals`, else None."""
-    if eqn.primitive is lax.dynamic_update_slice_p:
-        return vals[0], vals[1], list(vals[2:])
     if eqn.primitive is not lax.scatter_p or len(vals) != 3:
         return None
     operand, indices, updates = vals
@@ -77,27 +67,10 @@ def as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | Non
     return operand, lax.reshape(updates, window), starts
 
 
-def update_of(eqn: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(window shape, the dimensions it is one position along) of a one-window update (a
-    `dynamic_update_slice`, or a scatter `bind_cheaper` binds as one) that `copy_update` can
-    write, from the equation's types alone; else None."""
-    avals = [v.aval for v in eqn.invars]
-    if eqn.primitive is lax.dynamic_update_slice_p:
-        operand, window, dtype = avals[0], tuple(avals[1].shape), avals[1].dtype
-    elif eqn.primitive is lax.scatter_p and len(avals) == 3:
-        operand, dtype = avals[0], avals[2].dtype
-        found = _scatter_window(eqn, *avals)
-        if found is None:
-            return None
-        window = found[0]
-    else:
-        return None
-    shape = tuple(operand.shape)
-    if operand.dtype != dtype or math.prod(shape) >= 2**31:
-        return None
-    if any(w not in (1, n) for w, n in zip(window, shape)):
-        return None
-    return window, tuple(d for d, (w, n) in enumerate(zip(window, shape)) if w != n)
+def is_scatter(eqn: Any) -> bool:
+    """Whether `eqn` is one of the scatters (`scatter`, `scatter-add`, ...): an update XLA
+    writes in place into a copy of an input it may not overwrite."""
+    return eqn.primitive.name.startswith("scatter")
 
 
 def bind_cheaper(eqn: Any, vals: Sequence[Any]) -> list[Any] | None:
@@ -105,7 +78,7 @@ def bind_cheaper(eqn: Any, vals: Sequence[Any]) -> list[Any] | None:
     traced)."""
     if eqn.primitive is not lax.scatter_p:
         return None
-    update = as_update(eqn, vals)
+    update = _as_update(eqn, vals)
     if update is None:
         return None
     operand, window, starts = update

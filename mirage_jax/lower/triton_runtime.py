@@ -117,6 +117,15 @@ def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray) -> Non
         scope.restore()
 
 
+def _unwritten(dtype: Any) -> Any:
+    """What an output holds before the interpreted kernel writes it: NaN, or an integer's
+    least value."""
+    dtype = np.dtype(dtype)
+    if np.issubdtype(dtype, np.inexact):
+        return np.nan
+    return np.iinfo(dtype).min if np.issubdtype(dtype, np.integer) else 0
+
+
 def launcher(
     name: str,
     source: str,
@@ -141,7 +150,7 @@ def launcher(
 
         def host(*xs: np.ndarray) -> list[np.ndarray]:
             ins = [np.ascontiguousarray(np.asarray(x)) for x in xs]
-            outs = [np.full(o.shape, np.nan, o.dtype) for o in out_shape]
+            outs = [np.full(o.shape, _unwritten(o.dtype), o.dtype) for o in out_shape]
             interpret_kernel(fn, grid, *ins, *outs)
             return outs
 
