@@ -217,8 +217,11 @@ def _search(
     recipes: dict[str, tuple[Structure, Numbers]] = {}  # µGraph hash -> how it was built
     keep = budget.numbers_per_structure
     with pool_for(workers) as raw:  # the structures in parallel (the search's shared pool)
-        numbered = call(raw, problem, _instances, [(a[2], target, device, keep) for a in accepted])
-    for rank, ((depth, task_index, s, key), found) in enumerate(zip(accepted, numbered)):
+        numbered = call(
+            raw, problem, _instances, [(a[2], target, device, keep, deadline) for a in accepted]
+        )
+    stats["numbers_cut_short"] = sum(short for _, short in numbered)
+    for rank, ((depth, task_index, s, key), (found, _)) in enumerate(zip(accepted, numbered)):
         desc = s.describe(name)
         descriptions.append(desc)
         for g, c, nums in found:
@@ -423,16 +426,29 @@ def _merge(into: Counters, c: Counters) -> None:
         into.pruned[k] = into.pruned.get(k, 0) + v
 
 
-def _instances(problem: Problem, s: Structure, target: Target, device, keep: int):
+MIN_NUMBERS = 64
+"""Number choices each structure is instantiated with even past the search's deadline (the
+largest grids come first)."""
+
+
+def _instances(
+    problem: Problem, s: Structure, target: Target, device, keep: int, deadline: float
+) -> tuple[list, bool]:
     """`keep` cheap valid full-size instances of structure `s`, of different shapes, each as
-    (µGraph, cost, numbers).
+    (µGraph, cost, numbers), and whether the deadline (`time.monotonic()`) cut its numbers short.
 
     The cost model is rough, so the instances returned differ in what it is least sure of:
-    the best instance per (blocks, per-iteration tile bytes) class, powers of two apart.
+    the best instance per (blocks, per-iteration tile bytes) class, powers of two apart. Past
+    `deadline`, a structure with an instance stops after `MIN_NUMBERS` number choices: on two
+    CPUs lora's 114 structures took 48 s to number in full under a 10 s budget.
     """
     best: dict[tuple, tuple] = {}
     contiguous = cost_model.stored_axes(problem.program)
-    for nums in numbers_for(s, problem.sizes, max_blocks=target.max_blocks):
+    short = False
+    for i, nums in enumerate(numbers_for(s, problem.sizes, max_blocks=target.max_blocks)):
+        if i >= MIN_NUMBERS and best and time.monotonic() > deadline:
+            short = True
+            break
         try:
             g = instantiate(s, problem.program.input_avals, problem.sizes, nums)
             validate(g, target)
@@ -444,7 +460,7 @@ def _instances(problem: Problem, s: Structure, target: Target, device, keep: int
         if cls not in best or cand[:2] < best[cls][:2]:
             best[cls] = cand
     scored = sorted(best.values(), key=lambda x: (x[0], x[1]))
-    return [(g, c, nums) for _, _, g, c, nums in scored[:keep]]
+    return [(g, c, nums) for _, _, g, c, nums in scored[:keep]], short
 
 
 def _loop_tile_class(g: MuGraph) -> tuple[int, ...]:
