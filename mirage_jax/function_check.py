@@ -16,7 +16,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -101,47 +101,52 @@ def measure(
     )
 
 
-_DRAWS: dict[int, tuple[Any, list[Any]]] = {}
+@dataclass
+class _Kept:
+    """What the checks of one program (the full set of kernels and its subsets) share, per
+    seed: the input draws (at 7B size each took seconds) and the outputs of `jax.jit` of the
+    captured function, kept with that jit (a new `jax.jit` of the same jaxpr compiles again,
+    and XLA autotunes a 7B block's GEMMs on each compile)."""
+
+    program: Any
+    draws: dict[int, list[Any]] = field(default_factory=dict)
+    fn: Callable[..., Any] | None = None
+    outputs: dict[int, Any] = field(default_factory=dict)
+
+
+_KEPT: list[_Kept] = []  # one program's at most: another program's first check drops it
+
+
+def _kept(program: Any) -> _Kept:
+    if not _KEPT or _KEPT[0].program is not program:
+        _KEPT[:] = [_Kept(program)]
+    return _KEPT[0]
 
 
 def _drawn(program: Any, seed: int) -> list[Any]:
-    """`random_inputs(program, seed)`, kept for the checks of one program (the full set of
-    kernels and its subsets: at 7B size each draw took seconds); another program's first draw
-    drops them."""
-    kept = _DRAWS.get(seed)
-    if kept is not None and kept[0] is program:
-        return kept[1]
-    from mirage_jax.select import random_inputs
+    """`random_inputs(program, seed)`, kept for the checks of one program."""
+    kept = _kept(program)
+    if seed not in kept.draws:
+        from mirage_jax.select import random_inputs
 
-    if any(p is not program for p, _ in _DRAWS.values()):
-        _DRAWS.clear()
-    xs = random_inputs(program, seed)
-    _DRAWS[seed] = (program, xs)
-    return xs
-
-
-_ORIGINAL: dict[int, tuple[Any, Any, dict[int, Any]]] = {}
+        kept.draws[seed] = random_inputs(program, seed)
+    return kept.draws[seed]
 
 
 def _original(program: Any, seed: int) -> tuple[Callable[..., Any], Any]:
-    """`jax.jit` of the captured function and its outputs on the check's first input set,
-    kept for every check of one program: a new `jax.jit` of the same jaxpr compiles again,
-    and XLA autotunes a 7B block's GEMMs on each compile (seconds per subset check)."""
-    kept = _ORIGINAL.get(id(program))
-    if kept is None or kept[0] is not program:
-        _ORIGINAL.clear()
-        fn = jax.jit(jex_core.jaxpr_as_fun(program.meta["jaxpr"]))
-        kept = _ORIGINAL[id(program)] = (program, fn, {})
-    _, fn, outputs = kept
-    if seed not in outputs:
-        outputs[seed] = fn(*_drawn(program, seed))
-    return fn, outputs[seed]
+    """`jax.jit` of the captured function and its outputs on the check's input set `seed`,
+    kept for every check of one program."""
+    kept = _kept(program)
+    if kept.fn is None:
+        kept.fn = jax.jit(jex_core.jaxpr_as_fun(program.meta["jaxpr"]))
+    if seed not in kept.outputs:
+        kept.outputs[seed] = kept.fn(*_drawn(program, seed))
+    return kept.fn, kept.outputs[seed]
 
 
 def forget_draws() -> None:
     """Drop the kept input draws, jitted function and outputs (the end of a trace's checks)."""
-    _DRAWS.clear()
-    _ORIGINAL.clear()
+    _KEPT.clear()
 
 
 def checked(

@@ -403,7 +403,7 @@ def test_the_checks_of_one_program_compile_jax_jit_once(monkeypatch) -> None:
         assert got.mismatch is None and got.choice == "kernels"
     assert len(traced) == 1
     function_check.forget_draws()
-    assert function_check._ORIGINAL == {}
+    assert function_check._KEPT == []
     function_check.measure(program, lambda xs: [jnp.tanh(xs[0]) * 2.0], xla_us=20.0)
     assert len(traced) == 2
     function_check.forget_draws()

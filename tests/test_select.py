@@ -421,7 +421,7 @@ def test_the_function_checks_of_one_program_share_their_input_draws():
     assert other is not first and np.array_equal(other[0], first[0])
     assert F._drawn(p, 0) is not first  # another program's draw dropped it
     F.forget_draws()
-    assert F._DRAWS == {}
+    assert F._KEPT == []
 
 
 def test_cost_model_reads_a_viewed_weight_along_its_stored_rows() -> None:
