@@ -64,10 +64,30 @@ def worth_it(avals: Sequence[jax.core.ShapedArray]) -> bool:
 
 def copier(avals: Sequence[jax.core.ShapedArray], interpret: bool) -> Callable[..., list]:
     """A function of the inputs (of types `avals`) giving copies of them, in one launch
-    (Triton's interpreter on the host with `interpret`)."""
+    (Triton's interpreter on the host with `interpret`). A copy is the identity: its tangent
+    is the input's, and under `vmap` the inputs are returned as they are (XLA copies them
+    where it must)."""
     shapes = tuple((tuple(a.shape), str(a.dtype)) for a in avals)
     name = f"copy_inputs_{hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]}"
     sizes = [math.prod(s) for s, _ in shapes]
     blocks = sum(-(-n // BLOCK) for n in sizes)
     out_shape = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
-    return launcher(name, source(sizes, name), out_shape, (blocks,), 4, 1, interpret, "copies")
+    run = launcher(name, source(sizes, name), out_shape, (blocks,), 4, 1, interpret, "copies")
+
+    @jax.custom_batching.custom_vmap
+    def launched(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(run(*xs))
+
+    @launched.def_vmap
+    def batched(axis_size: int, in_batched: Sequence[bool], *xs: jax.Array):
+        return tuple(xs), tuple(in_batched)
+
+    @jax.custom_jvp
+    def copies(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return launched(*xs)
+
+    @copies.defjvp
+    def identity(primals: tuple, tangents: tuple) -> tuple:
+        return copies(*primals), tuple(tangents)
+
+    return lambda *xs: list(copies(*xs))

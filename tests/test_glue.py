@@ -118,6 +118,22 @@ def test_one_kernel_copies_inputs_of_other_shapes_and_dtypes() -> None:
         np.testing.assert_array_equal(np.asarray(g), x)
 
 
+def test_copies_differentiate_and_batch_as_the_identity() -> None:
+    """grad through the copies is the identity's, and under vmap the inputs come back as they
+    are (the kernel is built for one shape)."""
+    aval = jax.core.ShapedArray((3, 4), np.float32)
+    copies = copy_update.copier([aval, aval], interpret=True)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    grad = jax.grad(lambda a, b: sum(c.sum() * k for k, c in enumerate(copies(a, b), 1)), (0, 1))
+    g0, g1 = grad(x, x)
+    np.testing.assert_array_equal(np.asarray(g0), np.ones_like(x))
+    np.testing.assert_array_equal(np.asarray(g1), 2 * np.ones_like(x))
+    xs = np.stack([x, x + 1])
+    got = jax.vmap(lambda a: copies(a, a * 2))(xs)
+    np.testing.assert_array_equal(np.asarray(got[0]), xs)
+    np.testing.assert_array_equal(np.asarray(got[1]), xs * 2)
+
+
 def test_copies_worth_a_kernel() -> None:
     """Two or more inputs, small enough that their launches matter."""
     small = jax.core.ShapedArray((8, 512, 2, 128), np.float16)
@@ -157,10 +173,19 @@ def test_decode_blocks_assembled_with_cheaper_cache_writes(name: str) -> None:
         fn = lax_ir.as_function(program, asm.fn)
         seen = _primitives(fn, *case.args)
         assert "scatter" not in seen and "dynamic_update_slice" in seen, seen
-        assert ("custom_vmap_call" in seen) is bool(copied), seen  # the kernel, interpreted
+        text = str(jax.make_jaxpr(fn)(*case.args))  # the kernel, interpreted, nested in it
+        assert ("custom_vmap_call" in text) is bool(copied), seen
         got = jax.jit(fn)(*case.args)
         for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-3, atol=2e-3)
+
+        def total(x, k_cache, fn=fn):  # grad through the copies too (each block's args 1, 2)
+            args = (case.args[0], x, k_cache, *case.args[3:])
+            return sum(o.astype(jnp.float32).sum() for o in jax.tree_util.tree_leaves(fn(*args)))
+
+        grads = jax.grad(total, (0, 1))(case.args[1], case.args[2])
+        for g, a in zip(grads, case.args[1:3]):
+            assert g.shape == a.shape and np.isfinite(np.asarray(g, np.float32)).all()
 
 
 def test_jit_writes_copies_only_where_nothing_is_donated() -> None:
