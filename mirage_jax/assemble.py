@@ -124,8 +124,8 @@ def assemble(
     """The function of `program` (captured with `lax_ir.capture`) with `replacements[k]`
     computing region k's outputs from its inputs; everything else bound as it was traced (or in
     `glue`'s cheaper form). `copied_inputs`: the inputs XLA must copy to update them (not
-    donated); their updates are written, copies and all, by one `copy_update` kernel (in
-    Triton's interpreter with `interpret`)."""
+    donated); those that updates write into are copied by one `copy_update` kernel (in
+    Triton's interpreter with `interpret`), whose copies the updates write into in place."""
     closed = program.meta["jaxpr"]
     origins = program.meta["origins"]
     chosen: dict[int, tuple[list[Place], list[Place]]] = {}
