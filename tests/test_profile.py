@@ -157,3 +157,19 @@ def test_donated_caches_are_timed_as_a_decode_loop_runs_them():
     copies = [[n for n, *_ in t.kernels if "memcpy" in n.lower()] for t in (donated, plain)]
     assert copies[0] == [] and copies[1], copies
     assert "fed to the next" in donated.method
+
+
+def test_kernel_timeline_positions() -> None:
+    """`experiments.kernel_timeline.positions`: each kernel position's median over the calls,
+    by the first call's names; nothing where the trace does not divide into the calls."""
+    from experiments.kernel_timeline import positions
+    from mirage_jax.profile import KernelEvent
+
+    durations = [(1000, 5000), (3000, 4000), (2000, 6000)]  # three calls of two kernels, ns
+    events = [
+        KernelEvent(name, 0, d, "Stream #1")
+        for pair in durations
+        for name, d in zip(("copy", "gemm"), pair)
+    ]
+    assert positions(events, 3) == [("copy", 2.0), ("gemm", 5.0)]
+    assert positions(events[:-1], 3) == []
