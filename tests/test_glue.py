@@ -64,7 +64,7 @@ def _plain_update(cache, new, pos):
 
 
 def _wide_update(cache, new, pos):
-    """A window of two positions: no one-select form."""
+    """A window of two positions (bound as traced, as every dynamic_update_slice is)."""
     return lax.dynamic_update_slice(cache, jnp.concatenate([new, new], axis=1), (0, pos, 0, 0))
 
 
@@ -189,9 +189,9 @@ def test_decode_blocks_assembled_with_cheaper_cache_writes(name: str) -> None:
 
 
 def test_jit_writes_copies_only_where_nothing_is_donated() -> None:
-    """On a GPU backend `mirage_jax.jit` has every input written as a copy where nothing is
-    donated; none where the caches are donated (XLA updates them in place), and none on the
-    CPU."""
+    """On a GPU backend `mirage_jax.jit` counts every input as one XLA must copy to update
+    where nothing is donated; none where the caches are donated (XLA updates them in place),
+    in a scan's body, or on the CPU."""
     import mirage_jax
 
     m = M.get("llama_decode_nnx", batch=1, size="tiny")
@@ -201,6 +201,8 @@ def test_jit_writes_copies_only_where_nothing_is_donated() -> None:
     donated = mirage_jax.jit(m.fn, cache=False, donate_argnums=(2, 3))
     assert not donated._copied(program, "triton")
     assert not mirage_jax.jit(m.fn, cache=False)._copied(program, "pallas-interpret")
+    body = mirage_jax.jit(m.fn, cache=False)._scan_body(m.fn)
+    assert not body._copied(program, "triton")
 
 
 @pytest.mark.gpu
