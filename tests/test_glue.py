@@ -213,3 +213,23 @@ def test_copy_kernel_on_the_gpu() -> None:
     got = jax.jit(copy_update.copier(avals, interpret=False))(*caches)
     for g, c in zip(got, caches):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(c))
+
+
+def test_cache_write_probe_forms_agree() -> None:
+    """`experiments.cache_write_forms`: its select forms write what `dynamic_update_slice`
+    writes (wrapped and clipped positions too); with the rope, within its rounding."""
+    from experiments.cache_write_forms import form
+
+    def r(i, shape):
+        return jax.random.normal(jax.random.key(i), shape, jnp.float32)
+
+    for pos in (0, 5, 15, 40, -3, -40):
+        args = (r(0, (2, 16, 2, 8)), r(1, (2, 16, 2, 8)), r(2, (2, 1, 4, 8)),
+                r(3, (2, 1, 2, 8)), r(4, (2, 1, 2, 8)), jnp.int32(pos))  # fmt: skip
+        for roped in (False, True):
+            want = jax.jit(form("dus", roped))(*args)
+            for name in ("select", "barrier", "shared"):
+                for g, w in zip(jax.jit(form(name, roped))(*args), want):
+                    np.testing.assert_allclose(
+                        np.asarray(g), np.asarray(w), 0 if not roped else 1e-5
+                    )
