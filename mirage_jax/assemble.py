@@ -197,7 +197,7 @@ def _write_copies(ops: list, producer: dict, copied: set, calls: dict, interpret
         and op.ins
         and op.ins[0][0] != "lit"
         and op.ins[0] in copied
-        and (op.eqn.primitive.name == "dynamic_update_slice" or glue.is_scatter(op.eqn))
+        and glue.updates_operand(op.eqn)
     ]
     avals = [ops[j].eqn.invars[0].aval for j in members]
     if not copy_update.worth_it(avals):

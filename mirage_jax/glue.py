@@ -50,9 +50,16 @@ def _scatter_window(eqn: Any, operand: Any, indices: Any, updates: Any) -> tuple
     return window, to_operand
 
 
-def _as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | None:
-    """(input, window values, start per input dimension) of a one-window scatter bound to
-    `vals`, else None."""
+def updates_operand(eqn: Any) -> bool:
+    """Whether `eqn` returns its first operand with a window written (`dynamic_update_slice`,
+    the scatters): XLA writes it in place into a copy of an input it may not overwrite."""
+    name = eqn.primitive.name
+    return name == "dynamic_update_slice" or name.startswith("scatter")
+
+
+def bind_cheaper(eqn: Any, vals: Sequence[Any]) -> list[Any] | None:
+    """`eqn` bound to `vals` in a cheaper exact form, or None where it has none (bind it as
+    traced)."""
     if eqn.primitive is not lax.scatter_p or len(vals) != 3:
         return None
     operand, indices, updates = vals
@@ -64,24 +71,6 @@ def _as_update(eqn: Any, vals: Sequence[Any]) -> tuple[Any, Any, list[Any]] | No
     starts: list[Any] = [lax.full((), 0, flat.dtype)] * operand.ndim
     for k, d in enumerate(to_operand):
         starts[d] = lax.index_in_dim(flat, k, keepdims=False)
-    return operand, lax.reshape(updates, window), starts
-
-
-def is_scatter(eqn: Any) -> bool:
-    """Whether `eqn` is one of the scatters (`scatter`, `scatter-add`, ...): an update XLA
-    writes in place into a copy of an input it may not overwrite."""
-    return eqn.primitive.name.startswith("scatter")
-
-
-def bind_cheaper(eqn: Any, vals: Sequence[Any]) -> list[Any] | None:
-    """`eqn` bound to `vals` in a cheaper exact form, or None where it has none (bind it as
-    traced)."""
-    if eqn.primitive is not lax.scatter_p:
-        return None
-    update = _as_update(eqn, vals)
-    if update is None:
-        return None
-    operand, window, starts = update
     # The primitive: `lax.dynamic_update_slice` would first wrap a negative start around, which
     # the scatter does not; the primitive clips as the scatter does.
-    return [lax.dynamic_update_slice_p.bind(operand, window, *starts)]
+    return [lax.dynamic_update_slice_p.bind(operand, lax.reshape(updates, window), *starts)]
