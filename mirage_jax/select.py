@@ -40,6 +40,7 @@ from mirage_jax.search.order import timing_order
 from mirage_jax.tuning import (
     SMALL_TUNING_US,
     combine_variants,
+    split_depth_variants,
     split_variants,
     warp_variants,
     wide_variants,
@@ -277,7 +278,8 @@ def select(
             meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
             loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); a decode
             GEMV also at numbers that read its weights in wide tiles (`wide_variants`), and a
-            split's combine over more blocks (`combine_variants`): µGraphs of their own, timed
+            split's combine over more blocks (`combine_variants`) and, on Triton, the split
+            over more parts (`split_depth_variants`): µGraphs of their own, timed
             unverified and verified at full size only where one wins; the lowering reads the
             meta when given no config; keep the fastest. No variant is timed for a winner
             slower than XLA by more than `tuning.TUNE_WITHIN`.
@@ -451,7 +453,9 @@ def select(
         contiguous = stored_axes(program)
         wide = [
             (f"{c.label}, {why}", h)
-            for why, h in wide_variants(base, backend, contiguous) + combine_variants(base)
+            for why, h in wide_variants(base, backend, contiguous)
+            + combine_variants(base)
+            + (split_depth_variants(base) if backend == "triton" else [])
         ]
         # their verification at full size (seconds at 7B) waits until one of them wins
         known = [(c.verdict, order)] * len(variants) + [(None, order)] * len(wide)

@@ -255,42 +255,95 @@ COMBINE_DIM_MAX = 32
 of at most this many rows (heads, query groups)."""
 
 
-def combine_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
-    """The µGraph with its splits' combining kernels over more blocks: each grid axis one
-    block per row of the output dims it splits, where those have at most `COMBINE_DIM_MAX`
-    rows (Llama-7B decode attention at b=1, H100, 2026-11-26: its combine over 16 partials
-    took 2.5 µs in 16 blocks, 1.9 in 32; `attention_numbers_probe_h100_2026-11-26zv`);
-    labelled, for `select(tune_warps=True)` to time (and verify if it wins)."""
+def _combines(g: MuGraph) -> dict[int, list[tuple[int, int]]]:
+    """The kernels of `g` that combine another kernel's partials, each with the (producer,
+    grid axis) pairs it combines along: it loops over a dim of the producer's output that the
+    producer's grid axis is split along."""
+    kernels = dict(g.graph_defined())
+    out: dict[int, list[tuple[int, int]]] = {}
+    for i, op in kernels.items():
+        for a, b in zip(op.args, op.block_graph.inputs):
+            if a[0] not in kernels or b.forloop_dim is None:
+                continue
+            omap = kernels[a[0]].block_graph.outputs[a[1]].omap
+            if b.forloop_dim in omap:
+                out.setdefault(i, []).append((a[0], omap.index(b.forloop_dim)))
+    return out
+
+
+def _combine_grid(g: MuGraph, i: int) -> tuple[int, ...]:
+    """Combining kernel i's grid with one block per row of each output dim it splits, where
+    that dim has at most `COMBINE_DIM_MAX` rows."""
+    bg = g.ops[i].block_graph
+    grid = list(bg.grid)
+    for axis in range(len(grid)):
+        if any(o.omap[axis] is None for o in bg.outputs):
+            continue  # an axis no output is split along
+        rows = {g.shapes[(i, j)][0][o.omap[axis]] for j, o in enumerate(bg.outputs)}
+        if len(rows) == 1 and max(rows) <= COMBINE_DIM_MAX:
+            grid[axis] = max(grid[axis], rows.pop())
+    return tuple(grid)
+
+
+def _resized(g: MuGraph, numbers: dict) -> MuGraph | None:
     from mirage_jax.mugraph import MuGraphError
     from mirage_jax.mugraph.resize import with_numbers
 
-    kernels = dict(g.graph_defined())
-    shapes = g.shapes
-    numbers = {}
-    for i, op in kernels.items():
-        bg = op.block_graph
-        combines = any(
-            a[0] in kernels
-            and b.forloop_dim is not None
-            and b.forloop_dim in kernels[a[0]].block_graph.outputs[a[1]].omap
-            for a, b in zip(op.args, bg.inputs)
-        )
-        if not combines:
-            continue
-        grid = list(bg.grid)
-        for axis in range(len(grid)):
-            if any(o.omap[axis] is None for o in bg.outputs):
-                continue  # an axis no output is split along
-            rows = {shapes[(i, j)][0][o.omap[axis]] for j, o in enumerate(bg.outputs)}
-            if len(rows) == 1 and max(rows) <= COMBINE_DIM_MAX:
-                grid[axis] = max(grid[axis], rows.pop())
-        if tuple(grid) != bg.grid and math.prod(grid) <= SPLIT_BLOCKS_PER_SM * sm_count():
-            numbers[i] = (tuple(grid), bg.forloop_range)
-    if not numbers:
-        return []
     try:
-        h = with_numbers(g, numbers)
+        return with_numbers(g, numbers)
     except (MuGraphError, ValueError):
+        return None
+
+
+def combine_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
+    """The µGraph with its splits' combining kernels over more blocks (`_combine_grid`), where
+    that launches at most `SPLIT_BLOCKS_PER_SM` blocks per SM (Llama-7B decode attention at
+    b=1, H100, 2026-11-26: its combine over 16 partials took 2.5 µs in 16 blocks, 1.9 in 32;
+    `attention_numbers_probe_h100_2026-11-26zv`); labelled, for `select(tune_warps=True)` to
+    time (and verify if it wins)."""
+    numbers = {}
+    for i in _combines(g):
+        bg = g.ops[i].block_graph
+        grid = _combine_grid(g, i)
+        if grid != bg.grid and math.prod(grid) <= SPLIT_BLOCKS_PER_SM * sm_count():
+            numbers[i] = (grid, bg.forloop_range)
+    h = _resized(g, numbers) if numbers else None
+    if h is None:
         return []
     grids = ", ".join(str(n[0]) for n in numbers.values())
     return [(f"its combine over grid {grids}", h)]
+
+
+def split_depth_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
+    """The µGraph with a split kernel over more parts, for a combine lowered flat (Triton,
+    `triton_flat`): S parts of F loop steps become S·F parts of one step (the same tiles,
+    no loop), and 2S parts of F/2 steps; its combine loops over the parts, on the grid of
+    `_combine_grid`.
+
+    On the H100 (2026-11-27, Llama-7B b=1 decode attention, `flat_probe_h100_2026-11-27`)
+    the split kernel took 9.7 µs at 16 parts (8 warps), 8.9-9.0 at 32 and 8.8 at 64 (4 warps),
+    and its combine, flat, 1.9-2.3 µs at any of them: 11.0 µs at 64 parts against 11.6 at 16
+    (the search numbers the split for a combine that loops, which costs a step per part)."""
+    from mirage_jax.lower.triton_flat import FLAT_MAX_STEPS
+
+    out = []
+    seen = set()
+    for i, pairs in _combines(g).items():
+        if len({a for a, _ in pairs}) != 1 or len({x for _, x in pairs}) != 1:
+            continue  # one producer split along one axis
+        (a, axis), combine = pairs[0], g.ops[i].block_graph
+        bg = g.ops[a].block_graph
+        S, F = bg.grid[axis], bg.forloop_range
+        for parts, steps in ((S * F, 1), (2 * S, max(1, F // 2))):
+            m = parts // S
+            grid = tuple(parts if x == axis else n for x, n in enumerate(bg.grid))
+            loop = combine.forloop_range * m
+            if m < 2 or (parts, steps) in seen or loop > FLAT_MAX_STEPS:
+                continue
+            if math.prod(grid) > SPLIT_BLOCKS_PER_SM * sm_count():
+                continue
+            seen.add((parts, steps))
+            h = _resized(g, {a: (grid, steps), i: (_combine_grid(g, i), loop)})
+            if h is not None:
+                out.append((f"its split over {parts} parts of {steps} step(s)", h))
+    return out

@@ -217,6 +217,42 @@ def test_a_combine_over_few_blocks_gets_a_variant_over_one_block_per_row():
     assert combine_variants(wide) == []  # already one block per row
 
 
+def test_a_split_gets_variants_over_more_parts_with_the_same_values():
+    """`tuning.split_depth_variants`: a split-KV µGraph of S parts of F steps gets variants of
+    S·F parts of one step and of 2S parts of F/2 steps; each computes what the µGraph does,
+    its combine looping over the parts."""
+    from mirage_jax.mugraph.resize import with_numbers
+    from mirage_jax.select import random_inputs
+    from mirage_jax.tuning import _combines, split_depth_variants
+
+    p, r = searched("gqa_stable")
+    g = next(g for g in r.mugraphs if len(kernels(g)) == 2 and "split" in g.meta["structure"])
+    ((b, pairs),) = _combines(g).items()
+    (a, axis) = pairs[0]
+    first, combine = g.ops[a].block_graph, g.ops[b].block_graph
+    grid = tuple(2 if x == axis else n for x, n in enumerate(first.grid))
+    base = with_numbers(
+        g, {a: (grid, 4), b: (combine.grid, 2 * combine.forloop_range // first.grid[axis])}
+    )
+    variants = split_depth_variants(base)
+    assert [label for label, _ in variants] == [
+        "its split over 8 parts of 1 step(s)",
+        "its split over 4 parts of 2 step(s)",
+    ]
+    xs = [np.asarray(x) for x in random_inputs(p, 0)]
+    ref = evaluate_reference(base, *xs)
+    for (label, h), (parts, steps) in zip(variants, [(8, 1), (4, 2)]):
+        kernels_h = dict(h.graph_defined())
+        assert kernels_h[a].block_graph.grid[axis] == parts, label
+        assert kernels_h[a].block_graph.forloop_range == steps, label
+        assert (
+            kernels_h[b].block_graph.forloop_range
+            == base.ops[b].block_graph.forloop_range * parts // 2
+        )
+        for u, v in zip(evaluate_reference(h, *xs), ref):
+            np.testing.assert_allclose(u, v, rtol=1e-9, atol=1e-12)
+
+
 def test_gqa_stable_online_softmax():
     p, r = searched("gqa_stable")
 

@@ -25,6 +25,7 @@ from lax_ir.interface import stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
+from mirage_jax.lower.triton_flat import emit_flat, flat_loop
 from mirage_jax.lower.triton_hoist import hoisted_statistics, main_loop_values, preloaded
 from mirage_jax.lower.triton_rules import BACKEND, TL_DTYPES, OpCtx, lane
 from mirage_jax.lower.triton_runtime import compile_for as compile_for
@@ -339,6 +340,10 @@ def _body(
         if first is not None:
             emit(f"{indent}    {it} = {first} + {loop_var}")
 
+    if part is None and flat_loop(plan, F, config.num_warps):
+        emit_flat(plan, F, emit, p, ind, access, is_f32)
+        _epilogue(plan, accs, emit, p, pids, ind, out_views, out_dtypes, is_f32, ctx_of, compute)
+        return
     preload = bool(hoisted) and preloaded(plan, need, steps, config.num_warps)
     stats_inputs = [k for k in range(n_in) if k in need]
     if preload:

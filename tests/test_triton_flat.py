@@ -1,0 +1,93 @@
+"""Short dot-free loops lowered flat (`mirage_jax.lower.triton_flat`), in Triton's interpreter.
+
+A split attention's combining kernel walks its partials in a loop of small steps; flat, every
+step's tiles are loaded first and the rescaled sums are taken against the final max. The
+results must match the µGraph's own semantics and the loop form's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mirage_jax.lower import lower, plan, source_of, triton_flat
+from mirage_jax.mugraph import BlockGraphBuilder, MuGraphBuilder, evaluate_reference
+
+pytest.importorskip("triton")
+
+
+def combine_graph(steps: int, dtype: str = "float16"):
+    """The combine of a split softmax: per (head, row), S partial maxima, sums and outputs."""
+    b = BlockGraphBuilder(grid=(2, 4), forloop_range=steps)
+    m = b.input((2, 4, steps), dtype, imap=(0, 1), forloop_dim=2)
+    o = b.input((2, 4, steps * 16), dtype, imap=(0, 1), forloop_dim=2)
+    s = b.input((2, 4, steps), dtype, imap=(0, 1), forloop_dim=2)
+    big = b.op("accum_max", m)
+    num = b.op("accum_rescale_sum", o, m, big)
+    den = b.op("accum_rescale_sum", s, m, big)
+    total = b.op("accum_sum", s)
+    b.output(b.op("div", num, den), (0, 1))
+    b.output(total, (0, 1))
+    mb = MuGraphBuilder()
+    shapes = [(2, 4, steps), (2, 4, steps * 16), (2, 4, steps)]
+    ins = [mb.input(sh, dtype) for sh in shapes]
+    return mb.build(mb.graph_defined(ins, b.build()), name=f"combine{steps}")
+
+
+def _inputs(steps: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    m = (rng.standard_normal((2, 4, steps)) * 4).astype(np.float16)
+    o = rng.standard_normal((2, 4, steps * 16)).astype(np.float16)
+    s = (rng.random((2, 4, steps)) + 0.5).astype(np.float16)
+    return [m, o, s]
+
+
+def _rel(out, ref) -> float:
+    out = np.asarray(out, np.float64)
+    assert np.isfinite(out).all()
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("steps", [2, 8, 32, 64])
+def test_flat_combine_matches_the_mugraph_and_the_loop(steps, monkeypatch):
+    monkeypatch.setattr(triton_flat, "FLAT_MIN_STEPS", 2)  # short loops flat too, for the check
+    g = combine_graph(steps)
+    (p,) = plan(g).values()
+    assert triton_flat.flat_loop(p, steps, 4)
+    assert "steps flat" in source_of(p)
+    xs = _inputs(steps)
+    ref = evaluate_reference(g, *xs)
+    flat = lower(g, backend="triton", interpret=True)(*xs)
+    for o, r in zip(flat, ref):
+        assert _rel(o, r) < 5e-3
+    monkeypatch.setattr(triton_flat, "FLAT_MAX_STEPS", 0)
+    assert "steps flat" not in source_of(p)
+    looped = lower(g, backend="triton", interpret=True)(*xs)
+    for a, b in zip(flat, looped):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-3, atol=2e-3
+        )
+
+
+def test_loops_with_a_dot_or_too_many_steps_stay_loops():
+    from tests.test_lower import softmax_graph
+
+    (p,) = plan(softmax_graph()).values()
+    assert not triton_flat.flat_loop(p, p.forloop_range, 4)
+    assert "steps flat" not in source_of(p)
+    (q,) = plan(combine_graph(128)).values()
+    assert not triton_flat.flat_loop(q, 128, 4)  # past FLAT_MAX_STEPS
+    (r,) = plan(combine_graph(16)).values()
+    assert not triton_flat.flat_loop(r, 16, 4)  # under FLAT_MIN_STEPS: the loop was faster
+
+
+def test_flat_source_compiles_for_sm90():
+    from mirage_jax.lower import TritonConfig, triton_runtime
+    from mirage_jax.lower import triton as tr
+
+    (p,) = plan(combine_graph(32)).values()
+    name, src = tr.kernel_source(p, TritonConfig())
+    assert "steps flat" in src and "for it in" not in src
+    fn = triton_runtime.load_kernel(name, src)
+    compiled = tr.compile_for(fn, ["float16"] * 5)
+    assert "ptx" in compiled.asm
