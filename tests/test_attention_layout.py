@@ -183,3 +183,35 @@ def test_gpu_causal_attention_reads_and_writes_its_arrays_in_place(tmp_path) -> 
     after = [layout_after(part.program, o) for o in region.outputs]
     st = stored_views(region.program, "triton", after)
     assert len(st.views) >= 2 and st.outputs, (st, region.program.meta["interface"])
+
+
+def test_a_mask_widened_over_grouped_heads_reaches_the_region_unwidened() -> None:
+    """Llama nnx's form: KV heads widened by `jnp.repeat`, scores masked by `jnp.where` with a
+    (T, S) mask. The bias is made at the mask's shape and widened over the query heads, which
+    the region groups by KV head: the region reads the S values, not a widened copy XLA
+    writes on every call (`lax_ir.layouts._grouped_broadcast_rule`), with the same values."""
+
+    def fn(q, k, v, pos):
+        keys, values = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+        s = jnp.einsum("bthd,bshd->bhts", q, keys) * 0.5
+        mask = jnp.arange(S)[None, :] <= pos[:, None]
+        s = jnp.where(mask[None, None], s, jnp.finfo(s.dtype).min)
+        return jnp.einsum("bhts,bshd->bthd", _softmax(s, -1), values)
+
+    rng = np.random.default_rng(0)
+    args = (
+        rng.standard_normal((1, 1, K * G, H), np.float32),
+        rng.standard_normal((1, S, K, H), np.float32),
+        rng.standard_normal((1, S, K, H), np.float32),
+        np.array([5], np.int32),
+    )
+    program = lax_ir.capture(fn, *args)
+    part = lax_ir.partition(program)
+    (exp,) = [i for i, n in program.ops() if n.op == "exp"]
+    region = part.region_of(exp)
+    steps = [ops for _, ops in region.program.meta["interface"]["inputs"]]
+    assert not any(op == "broadcast" for ops in steps for op, _ in ops), steps
+    sizes = sorted(int(np.prod(region.program.nodes[i].shape)) for i in region.program.inputs)
+    assert sizes[0] == S, sizes  # the bias, unwidened
+    got = jax.jit(lax_ir.rebuild(part))(*args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
