@@ -320,7 +320,7 @@ def split_depth_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
     no loop), and 2S parts of F/2 steps; its combine loops over the parts, on the grid of
     `_combine_grid`.
 
-    On the H100 (2026-11-27, Llama-7B b=1 decode attention, `flat_probe_h100_2026-11-27`)
+    On the H100 (2026-11-27, Llama-7B b=1 decode attention, `split_parts_probe_h100_2026-11-27`)
     the split kernel took 9.7 µs at 16 parts (8 warps), 8.9-9.0 at 32 and 8.8 at 64 (4 warps),
     and its combine, flat, 1.9-2.3 µs at any of them: 11.0 µs at 64 parts against 11.6 at 16
     (the search numbers the split for a combine that loops, which costs a step per part)."""

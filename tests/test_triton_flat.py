@@ -103,3 +103,48 @@ def test_flat_combine_on_gpu(steps):
     ref = evaluate_reference(g, *xs)
     for o, r in zip(lower(g, backend="triton")(*xs), ref):
         assert _rel(o, r) < 5e-3
+
+
+def test_split_parts_probe_forms_compute_the_region(monkeypatch):
+    """`experiments.split_parts_probe`: each form (parts, steps, warps; combine flat or looped)
+    of a searched split attention lowers and computes what the region does."""
+    import jax
+
+    import lax_ir
+    from experiments.split_parts_probe import forms, lowered
+    from mirage_jax.lower import triton as tr
+    from mirage_jax.select import random_inputs
+    from tests.test_search import kernels, searched
+
+    flat_kernels = []
+
+    def counted(*args, **kwargs):
+        flat_kernels.append(args[1])
+        return triton_flat.emit_flat(*args, **kwargs)
+
+    monkeypatch.setattr(tr, "emit_flat", counted)
+    p, r = searched("gqa_stable")
+    g = next(g for g in r.mugraphs if len(kernels(g)) == 2 and "split" in g.meta["structure"])
+    xs = [np.asarray(x) for x in random_inputs(p, 0)]
+    ref = [np.asarray(o, np.float32) for o in lax_ir.evaluate(p, *xs)]
+    got = list(forms(g, [2, 4], [1], [(4, 4)]))
+    assert [label.split()[-1] for label, _, _ in got][:2] == ["flat", "loop"]
+    for label, h, flat in got:
+        flat_kernels.clear()
+        outs = jax.jit(lowered(h, flat, interpret=True))(*xs)
+        assert bool(flat_kernels) == flat, label  # the combine flat only where asked
+        for o, want in zip(outs, ref):
+            np.testing.assert_allclose(np.asarray(o, np.float32), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("tail", [0, 1, 2])
+def test_fused_combine_probe_one_launch_on_cpu(tail):
+    """`experiments.fused_combine_probe`: the one-launch form (the last block of each KV head
+    combines) computes the attention, and resets its counters where asked."""
+    from experiments.fused_combine_probe import inputs, one_launch_on_cpu, reference
+
+    want = reference(*inputs(0))
+    for reset in (False, True):
+        out, cnt = one_launch_on_cpu(4, tail, reset)
+        assert np.abs(out.astype(np.float64) - want).max() < 0.05
+        assert (cnt == 0).all() if reset else (cnt == 4).all()

@@ -4,14 +4,15 @@ each wait on their own loads and on the running max.
 
 The combining kernel of a split attention walks S partials (a max, a sum and an output row per
 split) in a loop of S steps. On the H100 (2026-11-27, Llama-7B b=1 decode attention, grid
-(8, 4)) that loop took 1.9 µs at S=16, 4.4 at S=32 and 8.0-8.2 at S=64: its time was the steps'
-latency, not their bytes. Flat, it took 2.0-2.1, 2.2 and 2.3 µs; unrolled with every step's
-loads first (a form tried and dropped) 2.3, 2.9 and 6.1 µs.
+(8, 4), `experiments/results/split_parts_probe_h100_2026-11-27.txt`) that loop took 1.9 µs at
+S=16, 4.4 at S=32 and 8.0-8.2 at S=64: its time was the steps' latency, not their bytes.
+Flat, it took 2.0-2.1, 2.2 and 2.3 µs; unrolled with every step's loads first (a form tried
+and dropped) 2.3, 2.9 and 6.1 µs.
 
 `flat_loop` says which loops are lowered flat: every loop value is an input read directly by
 accumulators that are maxima, sums or sums rescaled by such a max (a combine), the step count
-is a power of two from `FLAT_MIN_STEPS` to `FLAT_MAX_STEPS`, and the stacked tiles fit `PRELOAD_PER_THREAD`
-elements a thread. `emit_flat` writes them:
+is a power of two from `FLAT_MIN_STEPS` to `FLAT_MAX_STEPS`, and the stacked tiles fit
+`PRELOAD_PER_THREAD` elements a thread. `emit_flat` writes them:
 
 - a max: `tl.max` of the stacked tiles over the steps' axis;
 - a sum: `tl.sum` over it;

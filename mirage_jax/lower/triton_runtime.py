@@ -96,8 +96,9 @@ def _interpretable_stdlib(scope: Any) -> None:
                 scope.set_attr(mod, name, Interpreted(member.fn))
 
 
-def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray) -> None:
-    """Run a `@triton.jit` kernel on host numpy arrays in Triton's interpreter (CPU only)."""
+def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray, **constants: Any) -> None:
+    """Run a `@triton.jit` kernel on host numpy arrays in Triton's interpreter (CPU only),
+    with `constants` for its `tl.constexpr` arguments."""
     from triton.runtime import interpreter as ti
 
     raw = fn.fn if hasattr(fn, "fn") else fn
@@ -112,7 +113,7 @@ def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray) -> Non
             for y in range(grid3[1]):
                 for z in range(grid3[2]):
                     ti.interpreter_builder.set_grid_idx(x, y, z)
-                    rewritten(*args)
+                    rewritten(*args, **constants)
     finally:
         scope.restore()
 
