@@ -127,8 +127,8 @@ def test_split_parts_probe_forms_compute_the_region(monkeypatch):
     g = next(g for g in r.mugraphs if len(kernels(g)) == 2 and "split" in g.meta["structure"])
     xs = [np.asarray(x) for x in random_inputs(p, 0)]
     ref = [np.asarray(o, np.float32) for o in lax_ir.evaluate(p, *xs)]
-    got = list(forms(g, [2, 4], [1], [(4, 4)]))
-    assert [label.split()[-1] for label, _, _ in got][:2] == ["flat", "loop"]
+    got = list(forms(g, [2], [1], [(4, 4)]))
+    assert [label.split()[-1] for label, _, _ in got] == ["flat", "loop"]
     for label, h, flat in got:
         flat_kernels.clear()
         outs = jax.jit(lowered(h, flat, interpret=True))(*xs)
@@ -137,7 +137,7 @@ def test_split_parts_probe_forms_compute_the_region(monkeypatch):
             np.testing.assert_allclose(np.asarray(o, np.float32), want, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("tail", [0, 1, 2])
+@pytest.mark.parametrize("tail", [0, 2])
 def test_fused_combine_probe_one_launch_on_cpu(tail):
     """`experiments.fused_combine_probe`: the one-launch form (the last block of each KV head
     combines) computes the attention, and resets its counters where asked."""
