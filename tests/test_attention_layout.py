@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lax_ir
 from lax_ir.attention_layout import canonical_attention
@@ -215,3 +217,48 @@ def test_a_mask_widened_over_grouped_heads_reaches_the_region_unwidened() -> Non
     assert sizes[0] == S, sizes  # the bias, unwidened
     got = jax.jit(lax_ir.rebuild(part))(*args)
     np.testing.assert_allclose(np.asarray(got), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
+
+
+@st.composite
+def _grouped_broadcasts(draw):
+    """(source shape, widened shape, reshape target): a [1, ..., S] bias widened over some
+    axes, the widened axes then split or merged among themselves (or not: mixed groups too)."""
+    s = draw(st.sampled_from([2, 4, 8]))
+    wide_axes = draw(st.lists(st.sampled_from([2, 3, 4, 6]), min_size=1, max_size=2))
+    src = (1,) * len(wide_axes) + (1, s)
+    wide = (*wide_axes, 1, s)
+    n = int(np.prod(wide_axes))
+    splits = [d for d in (2, 3, 4, 6) if n % d == 0 and d < n]
+    if splits and draw(st.booleans()):
+        a = draw(st.sampled_from(splits))
+        dst = (a, n // a, s)
+    elif draw(st.booleans()):
+        dst = (n, s)
+    else:
+        dst = (n * s,)  # a widened axis merged with the bias's own: left to the interface
+    return src, wide, dst
+
+
+@settings(max_examples=25, deadline=None)
+@given(_grouped_broadcasts())
+def test_grouped_broadcast_rule_keeps_the_values(shapes):
+    """`_grouped_broadcast_rule` (through `hoist_layouts`): the region with its interface
+    computes what the traced program does, and where the reshape splits or merges widened
+    axes only among themselves, no broadcast is left at the interface."""
+    from lax_ir.interface import adapt
+    from lax_ir.layouts import hoist_layouts
+
+    src, wide, dst = shapes
+
+    def fn(x, y):
+        return jnp.exp(jnp.broadcast_to(x, wide).reshape(dst) * 0.5 + y)
+
+    rng = np.random.default_rng(0)
+    args = (rng.standard_normal(src, np.float32), rng.standard_normal(dst, np.float32))
+    program = lax_ir.capture(fn, *args)
+    hoisted = hoist_layouts(program)
+    got = adapt(lambda *xs: lax_ir.evaluate(hoisted, *xs), hoisted)(*args)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(fn(*args)), rtol=1e-6)
+    steps = [ops for _, ops in hoisted.meta["interface"]["inputs"]]
+    widened_apart = len(dst) > 1
+    assert widened_apart == (not any(op == "broadcast" for ops in steps for op, _ in ops)), steps
