@@ -21,6 +21,10 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
 - **shift**: `x + c` (or `x − c`), x an input and c a scalar constant (Gemma's `1 + scale`
   norm gain), is a new input with the shift as an interface step; a kernel applies it where it
   loads x (`mirage_jax.regions.stored_views`), so the search spends no block op on it.
+- **broadcasts**: a broadcast that only inserts unit axes is a reshape; a broadcast of an input
+  (a mask's bias) is taken at its rank with unit axes and widened inside the region, and where
+  a reshape after it regroups the widened axes among themselves (heads grouped for GQA), the
+  reshape is taken first, on the small input;
 - **transposed operand**: `W @ xᵀ`, W an input and x computed (equinox's `weight @ x` vmapped
   over rows), is `(x Wᵀ)ᵀ`; the result's transpose then moves past unit-inserting reshapes and
   elementwise ops (an input operand transposed back at the interface) to the outputs.
@@ -36,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from lax_ir.interface import identity_interface, inverse, merged
+from lax_ir.interface import inverse
+from lax_ir.layout_graph import LayoutGraph
 from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Node, Program, make_params
 
@@ -86,102 +91,7 @@ def _unit_positions(src: Sequence[int], dst: Sequence[int]) -> list[int] | None:
     return pos if j == len(src) and pos else None
 
 
-class _Graph:
-    """A mutable copy of a Program with its interface, rebuilt into a Program at the end."""
-
-    def __init__(self, program: Program):
-        self.nodes = list(program.nodes)
-        self.inputs = list(program.inputs)
-        self.outputs = list(program.outputs)
-        iface = program.meta.get("interface") or identity_interface(program)
-        self.in_ops = {i: iface["inputs"][k] for k, i in enumerate(self.inputs)}
-        self.out_ops = list(iface["outputs"])
-        self.shapes = iface["shapes"]
-        self.name = program.meta.get("name", "region")
-
-    def live(self) -> list[int]:
-        """Node ids the outputs depend on, ascending."""
-        seen = set(self.outputs)
-        stack = list(self.outputs)
-        while stack:
-            for a in self.nodes[stack.pop()].args:
-                if a not in seen:
-                    seen.add(a)
-                    stack.append(a)
-        return sorted(seen)
-
-    def matmuls(self) -> list[tuple[int, Node, tuple[int, Node], tuple[int, Node]]]:
-        """Each live matmul: its id, its node, and (id, node) of its two operands."""
-        out = []
-        for j in self.live():
-            n = self.nodes[j]
-            if n.op == "matmul":
-                a, b = n.args
-                out.append((j, n, (a, self.nodes[a]), (b, self.nodes[b])))
-        return out
-
-    def users(self, i: int) -> list[int]:
-        return [j for j in self.live() if i in self.nodes[j].args]
-
-    def add(self, node: Node) -> int:
-        self.nodes.append(node)
-        return len(self.nodes) - 1
-
-    def new_input(self, like: Node, source: int, step: tuple[str, Any]) -> int:
-        """A new input shaped as `like`: region input `source`'s value with `step` applied."""
-        new = self.add(
-            Node("input", (), like.shape, like.dtype, make_params(index=len(self.inputs)))
-        )
-        self.inputs.append(new)
-        pos, ops = self.in_ops[source]
-        self.in_ops[new] = (pos, merged((*ops, step)))
-        return new
-
-    def replace(self, old: int, new: int) -> None:
-        for j, n in enumerate(self.nodes):
-            if old in n.args and j != new:
-                args = tuple(new if a == old else a for a in n.args)
-                self.nodes[j] = Node(n.op, args, n.shape, n.dtype, n.params)
-        self.outputs = [new if o == old else o for o in self.outputs]
-
-    def build(self) -> Program:
-        """The Program (topologically re-sorted, dead inputs dropped) with its interface."""
-        live = set(self.live())
-        inputs = [i for i in self.inputs if i in live]
-        order: list[int] = []
-        placed: set[int] = set()
-
-        def visit(i: int) -> None:
-            if i in placed:
-                return
-            for a in self.nodes[i].args:
-                visit(a)
-            placed.add(i)
-            order.append(i)
-
-        for i in inputs:
-            visit(i)
-        for o in self.outputs:
-            visit(o)
-        index = {old: k for k, old in enumerate(order)}
-        nodes = [
-            Node(n.op, tuple(index[a] for a in n.args), n.shape, n.dtype, n.params)
-            for n in (self.nodes[i] for i in order)
-        ]
-        meta = {
-            "name": self.name,
-            "interface": {
-                "inputs": tuple(self.in_ops[i] for i in inputs),
-                "outputs": tuple(self.out_ops),
-                "shapes": self.shapes,
-            },
-        }
-        return Program.build(
-            nodes, [index[i] for i in inputs], [index[o] for o in self.outputs], meta
-        )
-
-
-def _input_rule(g: _Graph) -> bool:
+def _input_rule(g: LayoutGraph) -> bool:
     for j in g.live():
         n = g.nodes[j]
         if n.op in ("reshape", "transpose") and g.nodes[n.args[0]].op == "input":
@@ -193,7 +103,7 @@ def _input_rule(g: _Graph) -> bool:
     return False
 
 
-def _output_rule(g: _Graph) -> bool:
+def _output_rule(g: LayoutGraph) -> bool:
     for k, o in enumerate(g.outputs):
         n = g.nodes[o]
         if n.op not in ("reshape", "transpose") or g.users(o) or g.outputs.count(o) > 1:
@@ -204,7 +114,7 @@ def _output_rule(g: _Graph) -> bool:
     return False
 
 
-def _operand_rule(g: _Graph) -> bool:
+def _operand_rule(g: LayoutGraph) -> bool:
     for j, n, (a, an), (_, bn) in g.matmuls():
         from_input = an.op == "input" or (
             an.op in ("reshape", "transpose") and g.nodes[an.args[0]].op == "input"
@@ -242,7 +152,7 @@ def _operand_rule(g: _Graph) -> bool:
     return False
 
 
-def _unit_rule(g: _Graph) -> bool:
+def _unit_rule(g: LayoutGraph) -> bool:
     for j in g.live():
         n = g.nodes[j]
         if n.op != "reshape":
@@ -292,7 +202,7 @@ def _unit_rule(g: _Graph) -> bool:
     return False
 
 
-def _collapse_rule(g: _Graph) -> bool:
+def _collapse_rule(g: LayoutGraph) -> bool:
     """A reshape of a reshape is one reshape; a reshape back to its source's shape is the
     source."""
     for j in g.live():
@@ -313,7 +223,7 @@ def _collapse_rule(g: _Graph) -> bool:
     return False
 
 
-def _column_rule(g: _Graph) -> bool:
+def _column_rule(g: LayoutGraph) -> bool:
     """`W @ v` with v a column (`[.., K, 1]`, equinox's `weight @ x`) and W an input is
     `(vᵀ Wᵀ)ᵀ`: the transposes of the column and of the result are bitcasts, and Wᵀ is the
     input W transposed before the call, so the matmul reads a row."""
@@ -331,7 +241,7 @@ def _column_rule(g: _Graph) -> bool:
     return False
 
 
-def _transposed_operand_rule(g: _Graph) -> bool:
+def _transposed_operand_rule(g: LayoutGraph) -> bool:
     """`W @ xᵀ`, W an input and xᵀ the last-two swap of a computed value (equinox's
     `weight @ x` vmapped over rows), is `(x Wᵀ)ᵀ`: Wᵀ is W transposed before the call, and
     the swap of the result moves on towards the outputs (`_lift_rule`, `_sink_transpose_rule`)."""
@@ -353,7 +263,7 @@ def _perm(perm: Sequence[int]) -> tuple[tuple[str, Any], ...]:
     return make_params(permutation=tuple(perm))
 
 
-def _lift_rule(g: _Graph) -> bool:
+def _lift_rule(g: LayoutGraph) -> bool:
     """A reshape that only inserts unit axes into a transpose of a computed value is a
     transpose of that value with leading units: the transpose moves towards the outputs."""
     for j in g.live():
@@ -374,7 +284,7 @@ def _lift_rule(g: _Graph) -> bool:
     return False
 
 
-def _sink_transpose_rule(g: _Graph) -> bool:
+def _sink_transpose_rule(g: LayoutGraph) -> bool:
     """An elementwise op on transposes (one permutation) of computed values is the op on those
     values, transposed after; an input operand of the op's shape is transposed back at the
     interface."""
@@ -412,7 +322,7 @@ def _swap_like(n: Node) -> Node:
     return Node(n.op, n.args, swapped(n.shape), n.dtype, n.params)
 
 
-def _sink_rule(g: _Graph) -> bool:
+def _sink_rule(g: LayoutGraph) -> bool:
     """An elementwise op on bitcast reshapes of computed values of one shape (a matmul's
     column laid out as a row) is the op on those values, reshaped after: the reshape moves
     towards the outputs. (Reshapes of inputs move the other way, to the interface.)"""
@@ -441,7 +351,7 @@ def _sink_rule(g: _Graph) -> bool:
     return False
 
 
-def _broadcast_rule(g: _Graph) -> bool:
+def _broadcast_rule(g: LayoutGraph) -> bool:
     """A broadcast that only inserts unit axes (a rank-1 gain or bias made a row) is a reshape,
     which the input and unit rules then move to the interface."""
     for j in g.live():
@@ -496,7 +406,7 @@ def _reshape_blocks(
     return blocks if i == len(ins) and o == len(outs) else None
 
 
-def _grouped_broadcast_rule(g: _Graph) -> bool:
+def _grouped_broadcast_rule(g: LayoutGraph) -> bool:
     """A broadcast of an input reshaped after (Llama nnx's [1, 1, 1, T] mask widened over
     the heads, then the heads grouped for GQA: (1, 32, 1, T) -> (8, 4, T)): where the reshape
     splits or merges widened axes only among themselves, it is taken first, on the small
@@ -535,7 +445,7 @@ def _grouped_broadcast_rule(g: _Graph) -> bool:
     return False
 
 
-def _rank_rule(g: _Graph) -> bool:
+def _rank_rule(g: LayoutGraph) -> bool:
     """A broadcast of an input (a causal mask's [T, T] bias over batch and heads). Read by
     elementwise ops, the input is taken at the broadcast's rank, 1 on the new axes (a reshape
     at the interface), and the broadcast only widens size-1 axes: µGraph ops broadcast size-1
@@ -569,7 +479,7 @@ def _rank_rule(g: _Graph) -> bool:
     return False
 
 
-def _scale_rule(g: _Graph) -> bool:
+def _scale_rule(g: LayoutGraph) -> bool:
     for j in g.live():
         n = g.nodes[j]
         if n.op != "mul":
@@ -608,7 +518,7 @@ def _shifted_input(nodes: Sequence[Node], inputs: Sequence[int], n: Node) -> tup
     return x, (value if n.op == "add" else -value)
 
 
-def _shift_rule(g: _Graph) -> bool:
+def _shift_rule(g: LayoutGraph) -> bool:
     for j in g.live():
         got = _shifted_input(g.nodes, g.inputs, g.nodes[j])
         if got is None or j in g.inputs:
@@ -645,7 +555,7 @@ def hoist_layouts(program: Program) -> Program:
         for n in program.nodes
     ):
         return program
-    g = _Graph(program)
+    g = LayoutGraph(program)
     changed = False
     for _ in range(MAX_STEPS):
         rules = (
