@@ -11,6 +11,7 @@ shapes. Device time per call (`mirage_jax.profile.time_trace`, median of 30 call
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -42,12 +43,7 @@ def _one(m: int, k: int, n: int, calls: int) -> dict:
     specs = (jax.ShapeDtypeStruct((m, k), jnp.float16), jax.ShapeDtypeStruct((k, n), jnp.float16))
     program = lax_ir.partition(lax_ir.capture(_gemm, *specs)).regions[0].program
     res = search(program, budget=Budget(time_s=60, results=64, numbers_per_structure=8), seed=0)
-    drawn: dict[int, list] = {}
-
-    def inputs(s: int) -> list:
-        if s not in drawn:
-            drawn[s] = random_inputs(program, s)
-        return drawn[s]
+    inputs = functools.cache(lambda s: random_inputs(program, s))
 
     xla_fn = jax.jit(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
     xla = time_trace(xla_fn, inputs, calls=calls)

@@ -17,6 +17,7 @@ are not read through views here.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 from collections.abc import Iterator
@@ -92,12 +93,7 @@ def probe(name: str, size: str, batch: int, parts: list[int], calls: int = 30) -
     program = attention_region(name, size, batch)
     res = search(program, budget=Budget(time_s=60, results=64), seed=0)
     g = next(g for g in res.mugraphs if len(g.graph_defined()) == 2 and _combines(g))
-    sets: dict[int, Any] = {}
-
-    def inputs(s: int) -> Any:
-        if s not in sets:
-            sets[s] = random_inputs(program, s)
-        return sets[s]
+    inputs = functools.cache(lambda s: random_inputs(program, s))
 
     xla = jax.jit(lambda *xs: tuple(lax_ir.evaluate(program, *xs)))
     tx = time_trace(xla, inputs, calls=calls)
