@@ -1,8 +1,9 @@
-"""Short dot-free loops lowered flat (`mirage_jax.lower.triton_flat`), in Triton's interpreter.
+"""Combining loops lowered flat (`mirage_jax.lower.triton_flat`), in Triton's interpreter.
 
-A split attention's combining kernel walks its partials in a loop of small steps; flat, every
-step's tiles are loaded first and the rescaled sums are taken against the final max. The
-results must match the µGraph's own semantics and the loop form's.
+A split attention's combining kernel walks its partials in a loop of small steps; flat, the
+partials of every step are loaded at once along a new axis, reduced over it, and the rescaled
+sums are taken against the final max. The results must match the µGraph's own semantics and
+the loop form's.
 """
 
 from __future__ import annotations
