@@ -467,12 +467,24 @@ def _concatenate(b: _Builder, ins, params, shape, dtype):
     return b.op("concatenate", ins, shape, dtype, axis=int(params["dimension"]))
 
 
+def _contraction_order(
+    lc: tuple[int, ...], rc: tuple[int, ...], by_lhs: bool
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The contracted pairs in the memory order of the larger operand's dims (the lhs's where
+    `by_lhs`). The sum does not depend on their order, but the K axis they merge into does:
+    `einsum("BTNH,NHD->BTD")` lists (H, N), which would make the (N, H, D) weight a transpose
+    XLA copies on every call instead of a free reshape."""
+    pairs = sorted(zip(lc, rc), key=lambda p: p[0] if by_lhs else p[1])
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
 def _dot_general(b: _Builder, ins, params, shape, dtype):
     """dot_general -> transposes + reshapes + one batched 2-D matmul + reshape."""
     lhs, rhs = ins
     (lc, rc), (lb, rb) = params["dimension_numbers"]
     lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
     ls, rs = b.shape(lhs), b.shape(rhs)
+    lc, rc = _contraction_order(lc, rc, math.prod(ls) > math.prod(rs))
     lfree = tuple(d for d in range(len(ls)) if d not in lc and d not in lb)
     rfree = tuple(d for d in range(len(rs)) if d not in rc and d not in rb)
     batch = tuple(ls[d] for d in lb)

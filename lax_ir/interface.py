@@ -15,7 +15,9 @@ otherwise (`lax_ir.views`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax.numpy as jnp
@@ -75,9 +77,71 @@ def apply_ops(x: Any, ops: Ops) -> Any:
     return x
 
 
-Views = dict[int, tuple[int, ...]]
-"""Inputs a kernel reads in the layout they are stored in: position -> permutation, the
-canonical input being `stored.transpose(permutation)`."""
+@dataclass(frozen=True)
+class SplitView:
+    """A stored array read as `stored.transpose(perm).reshape(canonical shape)`: a canonical
+    axis made of stored axes that are not next to each other (Gemma's query weight, stored
+    (heads, D, head_dim) and read as (D, heads * head_dim)). `runs[j]`: the sizes of canonical
+    axis j's stored axes, outer first (none for a unit axis); `perm` permutes their
+    concatenation, as a plain view's permutation does the canonical axes."""
+
+    perm: tuple[int, ...]
+    runs: tuple[tuple[int, ...], ...]
+
+
+View = tuple[int, ...] | SplitView
+Views = dict[int, View]
+"""Inputs a kernel reads in the layout they are stored in: position -> a permutation, the
+canonical input being `stored.transpose(permutation)`, or a `SplitView`."""
+
+
+def view_stored_shape(shape: Sequence[int], view: View) -> tuple[int, ...]:
+    """The shape of the stored array that `view` reads as a canonical input of `shape`."""
+    if isinstance(view, SplitView):
+        return stored_shape(tuple(s for run in view.runs for s in run), view.perm)
+    return stored_shape(shape, view)
+
+
+def read_view(x: Any, view: View) -> Any:
+    """The canonical input from the stored array `x` (numpy or jax), for a reader that cannot
+    read it in place."""
+    if isinstance(view, SplitView):
+        return x.transpose(view.perm).reshape(tuple(math.prod(run) for run in view.runs))
+    return x.transpose(view)
+
+
+def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The element strides of a row-major array of `shape`."""
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= int(s)
+    return tuple(reversed(out))
+
+
+def view_strides(shape: Sequence[int], view: View) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per canonical axis of `shape`, (size, stride in the stored array) of each stored axis it
+    is made of, outer first: a plain view's axes have one each."""
+    if isinstance(view, SplitView):
+        runs, perm = view.runs, view.perm
+    else:
+        runs, perm = tuple((int(s),) for s in shape), view
+    flat = tuple(s for run in runs for s in run)
+    stored = row_major_strides(stored_shape(flat, perm))
+    out, i = [], 0
+    for run in runs:
+        out.append(tuple((s, stored[perm[i + j]]) for j, s in enumerate(run)))
+        i += len(run)
+    return tuple(out)
+
+
+def contiguous_axis(view: View) -> int:
+    """The canonical axis whose innermost part is the stored array's contiguous axis."""
+    if isinstance(view, SplitView):
+        last = view.perm.index(len(view.perm) - 1)
+        ends = [len(r) for r in view.runs]
+        return next(j for j in range(len(ends)) if sum(ends[: j + 1]) > last)
+    return view.index(len(view) - 1)
 
 
 def inverse(perm: Sequence[int]) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from lax_ir.interface import Ops, inverse
+from lax_ir.interface import Ops, SplitView, View, contiguous_axis, inverse
 
 LAYOUT_STEPS = ("reshape", "transpose")
 
@@ -132,6 +132,33 @@ def view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], tuple[int, ..
     return stored, perm
 
 
+def split_view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], SplitView] | None:
+    """(stored shape, view) with `read_view(x.reshape(stored), view) == apply(x, ops)` for x of
+    `shape`, where `ops` (reshapes and transposes only) keep each stored axis whole in one
+    canonical axis, but an axis may hold several that are not next to each other (Gemma's
+    (heads, D, head_dim) weight read as (D, heads * head_dim)); else None."""
+    got = _layout(shape, ops)
+    if got is None:
+        return None
+    atoms, axes = got
+    place = {a: i for i, a in enumerate(atoms.order)}
+    runs: list[list[list[int]]] = []  # per canonical axis, its atoms cut where memory jumps
+    for ax in axes:
+        cut: list[list[int]] = []
+        for a in ax:
+            if cut and place[cut[-1][-1]] + 1 == place[a]:
+                cut[-1].append(a)
+            else:
+                cut.append([a])
+        runs.append(cut)
+    flat = [run for cut in runs for run in cut]  # the canonical axes, refined
+    by_memory = sorted(range(len(flat)), key=lambda i: place[flat[i][0]])
+    stored = tuple(math.prod(atoms.size[a] for a in flat[i]) for i in by_memory)
+    perm = inverse(by_memory)
+    sizes = tuple(tuple(math.prod(atoms.size[a] for a in run) for run in cut) for cut in runs)
+    return stored, SplitView(perm, sizes)
+
+
 def _layout_tail(ops: Ops) -> tuple[Ops, Ops]:
     """`ops` split before the reshapes and transposes that end them."""
     j = len(ops)
@@ -140,21 +167,31 @@ def _layout_tail(ops: Ops) -> tuple[Ops, Ops]:
     return tuple(ops[:j]), tuple(ops[j:])
 
 
-def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, tuple[int, ...]] | None:
+def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, View] | None:
     """How a kernel reads a region input of `shape` whose interface steps are `ops` in place:
-    (the steps XLA still applies, ending in a free reshape; the permutation the kernel reads
-    through), or None where the layout steps that end `ops` are no view or no transpose, or
-    the stored array's contiguous axis would not be one of the tile's two (loads would not
+    (the steps XLA still applies, ending in a free reshape; the permutation, or `SplitView`
+    where an axis is made of stored axes apart, the kernel reads through), or None where the
+    layout steps that end `ops` are no view or no transpose, or the stored array's contiguous
+    axis would not be the innermost part of one of the tile's two (loads would not
     coalesce)."""
     prefix, suffix = _layout_tail(ops)
-    got = view(shape_after(shape, prefix), suffix)
-    if got is None:
+    start = shape_after(shape, prefix)
+    got = view(start, suffix)
+    if got is not None:
+        stored, perm = got
+        rank = len(perm)
+        if perm == tuple(range(rank)) or rank < 2 or rank - 1 not in perm[-2:]:
+            return None
+        return (*prefix, ("reshape", stored)), perm
+    split = split_view(start, suffix)
+    if split is None:
         return None
-    stored, perm = got
-    rank = len(perm)
-    if perm == tuple(range(rank)) or rank < 2 or rank - 1 not in perm[-2:]:
-        return None
-    return (*prefix, ("reshape", stored)), perm
+    stored, sv = split
+    rank, axis = len(sv.runs), contiguous_axis(sv)
+    innermost = sum(len(run) for run in sv.runs[: axis + 1]) - 1  # axis's inner part, refined
+    if rank < 2 or axis < rank - 2 or sv.perm[innermost] != len(stored) - 1:
+        return None  # the stored contiguous axis is not the innermost of one of the tile's two
+    return (*prefix, ("reshape", stored)), sv
 
 
 def free_reshape(shape: Sequence[int], ops: Ops) -> Ops | None:

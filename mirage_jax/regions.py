@@ -17,7 +17,17 @@ from typing import Any
 import jax
 
 import lax_ir
-from lax_ir.interface import Ops, Views, adapt, apply_ops, inverse, merged, stored_shape
+from lax_ir.interface import (
+    Ops,
+    Views,
+    adapt,
+    apply_ops,
+    inverse,
+    merged,
+    read_view,
+    stored_shape,
+    view_stored_shape,
+)
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
@@ -382,7 +392,7 @@ def region_kernel(
         return [outs[i] for i in order]
 
     specs = [
-        jax.ShapeDtypeStruct(stored_shape(s, views[k]) if k in views else s, d)
+        jax.ShapeDtypeStruct(view_stored_shape(s, views[k]) if k in views else s, d)
         for k, (s, d) in enumerate(program.input_avals)
     ]
     try:
@@ -532,9 +542,7 @@ def with_xla_jvp(
     views_, outs_, loads_ = views or {}, out_views or {}, loads or {}
 
     def xla(*xs: Any) -> tuple[Any, ...]:
-        xs = tuple(
-            jax.numpy.transpose(x, views_[k]) if k in views_ else x for k, x in enumerate(xs)
-        )
+        xs = tuple(read_view(x, views_[k]) if k in views_ else x for k, x in enumerate(xs))
         xs = tuple(apply_ops(x, loads_[k]) if k in loads_ else x for k, x in enumerate(xs))
         ys = lax_ir.evaluate(program, *xs)
         return tuple(

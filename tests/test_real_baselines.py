@@ -48,7 +48,9 @@ def test_default_regions_match_the_hashes_recorded_before_the_switch():
     Gemma's `1 + scale` gain became a shift step at its norm regions' interface (regions 0 and
     1 of gemma_decode only: `lax_ir.layouts._shift_rule`), and 2026-11-27 when a mask widened
     over heads that the region groups by KV head reached the region unwidened (the attention
-    regions of llama_decode_nnx and gemma_decode: `lax_ir.layouts._grouped_broadcast_rule`)."""
+    regions of llama_decode_nnx and gemma_decode: `lax_ir.layouts._grouped_broadcast_rule`),
+    and when a dot_general's contracted pairs came in the larger operand's memory order
+    (gemma_decode's output projection, whose einsum lists (H, N): `lax_ir.capture`)."""
     import lax_ir
 
     want = json.loads((Path(__file__).parent / "model_region_hashes.json").read_text())

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from lax_ir import FloatAlgebra
-from lax_ir.interface import Views, inverse, stored_shape
+from lax_ir.interface import Views, inverse, read_view, view_stored_shape
 from lax_ir.layouts import swap_perm
 from mirage_jax.lower import backends
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
@@ -113,7 +113,7 @@ def lower(
     Inputs at the positions in `views` arrive as stored: the µGraph's input is
     `stored.transpose(views[pos])` (a weight kept as W where the µGraph reads Wᵀ, a KV cache
     kept (B, S, heads, D) read as Kᵀ per head; a bare collection of positions means the last
-    two axes exchanged). Kernels of a backend that can (`VIEWS`) read them in place; every
+    two axes exchanged), or the stored array read through a `SplitView`. Kernels of a backend that can (`VIEWS`) read them in place; every
     other reader gets them transposed by XLA. Outputs at the positions in `out_views` are
     returned as stored: the array whose `transpose(out_views[pos])` is the output, written so
     in place by a kernel of such a backend that produces it alone (`triton`), else transposed
@@ -217,13 +217,13 @@ def lower(
             x = jnp.asarray(args[pos])
             want = tuple(avals[pos][0])
             if pos in views:
-                want = stored_shape(want, views[pos])
+                want = view_stored_shape(want, views[pos])
             if tuple(x.shape) != want:
                 raise TypeError(f"input {pos}: shape {x.shape}, expected {want}")
             x = x.astype(avals[pos][1])
             if pos in views:
                 stored[(i, 0)] = x
-                x = jnp.transpose(x, views[pos])  # for readers that cannot read it in place
+                x = read_view(x, views[pos])  # for readers that cannot read it in place
             env[(i, 0)] = x
         for i, op in enumerate(ops):
             if op.op == "input" or (i in group and i != group[0]):

@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from lax_ir.interface import stored_shape
+from lax_ir.interface import View, stored_shape, view_strides
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
@@ -68,36 +68,66 @@ def default_config() -> TritonConfig:
 
 
 # ---------------------------------------------------------------------------- the generator
-def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
+def _digits(index: str, parts: Sequence[tuple[int, int]]) -> str:
+    """The offset of `index` along an axis made of stored axes `parts` ((size, stride), outer
+    first, not next to each other in memory): each one's digit of the index times its stride."""
+    terms, inner = [], math.prod(n for n, _ in parts)
+    for j, (n, stride) in enumerate(parts):
+        inner //= n
+        digit = f"({index})" if inner == 1 else f"(({index}) // {inner})"
+        if j:
+            digit = f"({digit} % {n})"
+        terms.append(f"{digit} * {stride}")
+    return " + ".join(terms)
 
 
 def _tile_access(
-    dims, pids: list[str], perm: tuple[int, ...] | None = None
-) -> tuple[str, str, str, str | None]:
-    """(block base offset, per-iteration loop step, lane offsets, mask) source of one tile.
+    dims, pids: list[str], view: View | None = None
+) -> tuple[str, Callable[[str], str], str, str | None]:
+    """(block base offset, the loop step's offset as a function of the step, lane offsets,
+    mask) source of one tile.
 
-    An input with a `perm` is stored as the array whose `transpose(perm)` the µGraph reads (a
-    weight read as Wᵀ, a cache stored (B, S, heads, D) read as Kᵀ per head): the same logical
-    tile, read through the stored array's strides."""
+    An input with a `view` is stored as the array the µGraph reads through it (a weight read
+    as Wᵀ, a cache stored (B, S, heads, D) read as Kᵀ per head, Gemma's (heads, D, head_dim)
+    query weight read as (D, heads * head_dim)): the same logical tile, read through the stored
+    array's strides. An axis made of stored axes apart (`SplitView`) is addressed per element,
+    by its digits of the index."""
     sizes = tuple(d.size for d in dims)
-    if perm is not None:
-        stored = _strides(stored_shape(sizes, perm))
-        strides = tuple(stored[q] for q in perm)
-    else:
-        strides = _strides(sizes)
+    parts = view_strides(sizes, view if view is not None else tuple(range(len(sizes))))
     pads = tuple(d.pad for d in dims)
-    base = [f"{pids[d.axis]} * {d.extent * s}" for d, s in zip(dims, strides) if d.axis is not None]
-    step = [f"{d.tile * s}" for d, s in zip(dims, strides) if d.loop]
-    offs = [f"{lane(pads, k)} * {s}" for k, s in enumerate(strides)]
+    base, step, offs = [], [], []
+    split: list[tuple[int, Any, tuple[tuple[int, int], ...]]] = []
+    for k, (d, dparts) in enumerate(zip(dims, parts)):
+        if len(dparts) > 1:
+            split.append((k, d, dparts))
+            continue
+        s = dparts[0][1] if dparts else 0
+        if d.axis is not None:
+            base.append(f"{pids[d.axis]} * {d.extent * s}")
+        if d.loop:
+            step.append(f"{d.tile * s}")
+        offs.append(f"{lane(pads, k)} * {s}")
+    for k, d, dparts in split:
+        if d.loop:
+            continue  # addressed per step below
+        index = (
+            lane(pads, k) if d.axis is None else f"{pids[d.axis]} * {d.extent} + {lane(pads, k)}"
+        )
+        offs.append(_digits(index, dparts))
+    looped = [(k, d, dparts) for k, d, dparts in split if d.loop]
+    linear = " + ".join(step)
+
+    def at_step(at: str) -> str:
+        terms = [f"({at}) * ({linear})"] if linear else []
+        for k, d, dparts in looped:
+            first = "" if d.axis is None else f"{pids[d.axis]} * {d.extent} + "
+            terms.append(_digits(f"{first}({at}) * {d.tile} + {lane(pads, k)}", dparts))
+        return " + ".join(terms) or "0"
+
     masks = [f"({lane(pads, k)} < {d.tile})" for k, d in enumerate(dims) if d.masked]
     return (
         " + ".join(base) or "0",
-        " + ".join(step) or "0",
+        at_step,
         " + ".join(offs) or "0",
         " & ".join(masks) if masks else None,
     )
@@ -135,7 +165,7 @@ def generate_source(
     plan: KernelPlan,
     config: TritonConfig,
     name: str,
-    views: Mapping[int, tuple] | None = None,
+    views: Mapping[int, View] | None = None,
     out_views: Mapping[int, tuple] | None = None,
     out_dtypes: Mapping[int, str] | None = None,
 ) -> str:
@@ -162,7 +192,7 @@ def generate_split_sources(
     plan: KernelPlan,
     config: TritonConfig,
     name: str,
-    views: Mapping[int, tuple] | None = None,
+    views: Mapping[int, View] | None = None,
     out_views: Mapping[int, tuple] | None = None,
     out_dtypes: Mapping[int, str] | None = None,
 ) -> tuple[str, str]:
@@ -203,7 +233,7 @@ def generate_group_source(
     plans: Sequence[KernelPlan],
     config: TritonConfig,
     name: str,
-    views: Sequence[Mapping[int, tuple]] | None = None,
+    views: Sequence[Mapping[int, View]] | None = None,
     mode: str | None = None,
 ) -> str:
     """The `@triton.jit` source of several independent planned kernels launched as one: a 1-D
@@ -257,7 +287,7 @@ def generate_group_source(
 def _body(
     plan: KernelPlan,
     config: TritonConfig,
-    views: Mapping[int, tuple],
+    views: Mapping[int, View],
     emit: Callable[[str], Any],
     p: str,
     pids: list[str],
@@ -279,20 +309,20 @@ def _body(
             f"{b.forloop_dim}, tile {list(plan.tile(k))} (padded {list(plan.pads[k])})"
         )
         if k in views:
-            emit(f"{ind}# {p}in{k} is stored as the array whose transpose {views[k]} it is: a view")
-        base, step, offs, mask = _tile_access(dims, pids, views.get(k))
+            emit(f"{ind}# {p}in{k} is stored as the array it is a view of: {views[k]}")
+        base, at_step, offs, mask = _tile_access(dims, pids, views.get(k))
         emit(f"{ind}{p}in{k}_ptrs = {p}in{k} + {base} + {offs}")
         if mask:
             emit(f"{ind}{p}in{k}_mask = {mask}")
-        access[k] = (step, mask)
+        access[k] = (at_step, mask)
     is_f32: dict[int, bool] = {}
     it = f"{p}it"
 
     def load(k: int, indent: str, at: str | None = None, name: str | None = None) -> None:
         """Load input k's tile of step `at` (default: the loop's `it`) into `name`."""
-        step, mask = access[k]
-        at = at or it
-        ptr = f"{p}in{k}_ptrs" if step == "0" else f"{p}in{k}_ptrs + ({at}) * {step}"
+        at_step, mask = access[k]
+        offset = at_step(at or it)
+        ptr = f"{p}in{k}_ptrs" if offset == "0" else f"{p}in{k}_ptrs + {offset}"
         m = f", mask={p}in{k}_mask, other=0.0" if mask else ""
         emit(f"{indent}{name or f'{p}t{k}'} = tl.load({ptr}{m})")
         is_f32[k] = bg.inputs[k].dtype == "float32"
@@ -448,7 +478,7 @@ def _epilogue(
 def kernel_name(
     plan: KernelPlan,
     config: TritonConfig,
-    views: Mapping[int, tuple] | None = None,
+    views: Mapping[int, View] | None = None,
     out_views: Mapping[int, tuple] | None = None,
     out_dtypes: Mapping[int, str] | None = None,
 ) -> str:
@@ -468,7 +498,7 @@ def kernel_name(
 def kernel_source(
     plan: KernelPlan,
     config: TritonConfig,
-    views: Mapping[int, tuple] | None = None,
+    views: Mapping[int, View] | None = None,
     out_views: Mapping[int, tuple] | None = None,
     out_dtypes: Mapping[int, str] | None = None,
 ) -> tuple[str, str]:
@@ -502,12 +532,13 @@ def build_kernel(
     *,
     interpret: bool,
     where: str,
-    views: Mapping[int, tuple] | None = None,
+    views: Mapping[int, View] | None = None,
     out_views: Mapping[int, tuple] | None = None,
     out_dtypes: Mapping[int, str] | None = None,
 ) -> Callable[..., list[jax.Array]]:
     """A function of the kernel's arguments launching the generated kernel (jax-triton);
-    argument k in `views` comes as the array whose `transpose(views[k])` the plan reads,
+    argument k in `views` comes as the array the plan reads through `views[k]` (a
+    permutation or `lax_ir.interface.SplitView`),
     output j in `out_views` is returned as the array whose `transpose(out_views[j])` it is,
     and output j in `out_dtypes` is stored in that dtype."""
     if not isinstance(config, TritonConfig):
@@ -551,7 +582,7 @@ def build_group(
     *,
     interpret: bool,
     where: str,
-    views: Sequence[Mapping[int, tuple]] | None = None,
+    views: Sequence[Mapping[int, View]] | None = None,
 ) -> Callable[..., list[jax.Array]]:
     """One launch of several independent planned kernels (`generate_group_source`): a function
     of every kernel's arguments, kernel after kernel, returning every kernel's outputs."""

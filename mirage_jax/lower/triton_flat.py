@@ -66,22 +66,23 @@ def emit_flat(
     emit: Callable[[str], Any],
     p: str,
     ind: str,
-    access: dict[int, tuple[str, str | None]],
+    access: dict[int, tuple[Callable[[str], str], str | None]],
     is_f32: dict[int, bool],
 ) -> None:
     """Emit `plan`'s loop flat into the accumulators `{p}acc{t}` (see the module docstring).
 
-    `access[k]` is input k's per-step pointer stride and lane mask, as `_body` computed them.
+    `access[k]` is input k's pointer offset at a step (a function of the step's expression) and
+    lane mask, as `_body` computed them.
     """
     loop_ins = [k for k in range(plan.n_in) if plan.phases[k] == "loop"]
     emit(f"{ind}# the loop's {steps} steps flat: each input's tiles of every step at once")
     emit(f"{ind}{p}steps = tl.arange(0, {steps})")
     for k in loop_ins:
-        step, mask = access[k]
+        at_step, mask = access[k]
         rank = len(plan.pads[k])
         lead = "[None, " + ", ".join([":"] * rank) + "]"
         along = "[:, " + ", ".join(["None"] * rank) + "]"
-        ptr = f"{p}in{k}_ptrs{lead} + {p}steps{along} * ({step})"
+        ptr = f"{p}in{k}_ptrs{lead} + {at_step(f'{p}steps{along}')}"
         m = f", mask={p}in{k}_mask{lead}, other=0.0" if mask else ""
         cast = "" if plan.bg.inputs[k].dtype == "float32" else ".to(tl.float32)"
         emit(f"{ind}{p}s{k} = tl.load({ptr}{m}){cast}")

@@ -230,6 +230,7 @@ def stored_axes(program: Any) -> dict[int, int]:
     """Region input position -> its axis that is contiguous in memory, for the inputs a
     kernel reads in place through a view (`lax_ir.views.input_view`: a weight stored as W and
     read as Wᵀ, a KV cache read per head); the others are row-major as they are."""
+    from lax_ir.interface import contiguous_axis
     from lax_ir.views import input_view
 
     interface = program.meta.get("interface")
@@ -237,6 +238,5 @@ def stored_axes(program: Any) -> dict[int, int]:
     for k, (pos, ops) in enumerate(interface["inputs"] if interface else ()):
         got = input_view(interface["shapes"][pos], ops)
         if got is not None:
-            perm = got[1]
-            out[k] = perm.index(len(perm) - 1)
+            out[k] = contiguous_axis(got[1])
     return out

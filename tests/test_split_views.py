@@ -1,0 +1,181 @@
+"""Split views: a canonical axis made of stored axes that are not next to each other (Gemma's
+(heads, D, head_dim) weights read as (D, heads * head_dim)) is read in place, its address per
+element from the index's digits (`lax_ir.interface.SplitView`, `lax_ir.views.split_view`,
+the Triton generator's `_tile_access`)."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import lax_ir
+from lax_ir.interface import (
+    SplitView,
+    apply_ops,
+    contiguous_axis,
+    read_view,
+    view_stored_shape,
+    view_strides,
+)
+from lax_ir.views import input_view, split_view
+from mirage_jax.lower import lower
+from mirage_jax.mugraph import BlockGraphBuilder, MuGraphBuilder, evaluate_reference
+from tests.test_views import _chains
+
+GEMMA_Q = (("transpose", (1, 0, 2)), ("reshape", (64, 128)))
+GEMMA_KV = (("transpose", (0, 1, 3, 2)), ("reshape", (64, 64)), ("transpose", (1, 0)))
+
+
+def _addresses(shape, view) -> np.ndarray:
+    """Each canonical element's offset in the stored array, from `view_strides`' digits."""
+    parts = view_strides(shape, view)
+    out = np.zeros(shape, dtype=np.int64)
+    for index in itertools.product(*(range(n) for n in shape)):
+        at = 0
+        for i, axis in zip(index, parts):
+            inner = int(np.prod([n for n, _ in axis])) if axis else 1
+            for n, stride in axis:
+                inner //= n
+                at += (i // inner) % n * stride
+        out[index] = at
+    return out
+
+
+def test_gemma_weights_are_split_views_read_in_place():
+    """The query weight (heads, D, head_dim) and the stacked KV weight (2, kv heads, D,
+    head_dim) read as (D, heads * head_dim): their head_dim stays the tile's contiguous axis."""
+    steps, v = input_view((8, 64, 16), GEMMA_Q)
+    assert steps == (("reshape", (8, 64, 16)),)
+    assert v == SplitView((1, 0, 2), ((64,), (8, 16))) and contiguous_axis(v) == 1
+    steps, v = input_view((2, 2, 64, 16), GEMMA_KV)
+    assert steps == (("reshape", (4, 64, 16)),)
+    assert v == SplitView((1, 0, 2), ((64,), (4, 16)))
+    for shape, ops in (((8, 64, 16), GEMMA_Q), ((2, 2, 64, 16), GEMMA_KV)):
+        x = np.arange(int(np.prod(shape))).reshape(shape)
+        steps, v = input_view(shape, ops)
+        stored = apply_ops(x, steps)
+        np.testing.assert_array_equal(read_view(stored, v), apply_ops(x, ops))
+        np.testing.assert_array_equal(_addresses(apply_ops(x, ops).shape, v), apply_ops(x, ops))
+
+
+def test_a_split_view_whose_contiguous_axis_is_not_innermost_is_refused():
+    """(N, D, H) read as (D, H * N): the contiguous H is not the inner part of its axis, so
+    neighbouring lanes would be D * H elements apart; (N, H, D) read as (H * N, D) is read in
+    place (D contiguous and whole)."""
+    assert input_view((8, 64, 16), (("transpose", (1, 2, 0)), ("reshape", (64, 128)))) is None
+    _, v = input_view((8, 16, 64), (("transpose", (1, 0, 2)), ("reshape", (128, 64))))
+    assert v == SplitView((1, 0, 2), ((16, 8), (64,))) and contiguous_axis(v) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(_chains())
+def test_every_split_view_found_reads_the_same_array_at_the_same_addresses(chain):
+    shape, ops = chain
+    got = split_view(shape, ops)
+    if got is None:
+        return
+    stored, v = got
+    x = np.arange(int(np.prod(shape))).reshape(shape)
+    want = apply_ops(x, ops)
+    assert view_stored_shape(want.shape, v) == stored
+    np.testing.assert_array_equal(read_view(x.reshape(stored), v), want)
+    np.testing.assert_array_equal(_addresses(want.shape, v), want)
+
+
+def _projection(dtype="float32"):
+    """x (4, 64) @ W (64, 128): the output columns over 4 blocks of 32, K over 4 steps of 16."""
+    b = BlockGraphBuilder(grid=(4,), forloop_range=4)
+    x = b.input((4, 64), dtype, imap=(None,), forloop_dim=1)
+    w = b.input((64, 128), dtype, imap=(1,), forloop_dim=0)
+    b.output(b.op("accum_sum", b.op("matmul", x, w)), (1,))
+    mb = MuGraphBuilder()
+    ins = [mb.input((4, 64), dtype), mb.input((64, 128), dtype)]
+    return mb.build(mb.graph_defined(ins, b.build()), name="projection")
+
+
+SPLITS = {
+    # N = (8 heads, 16): a block's 32 columns span two heads (Gemma's query weight)
+    "columns_over_heads": SplitView((1, 0, 2), ((64,), (8, 16))),
+    # N = (2, 64): a block's 32 columns lie within one part
+    "columns_within_a_part": SplitView((1, 0, 2), ((64,), (2, 64))),
+    # K = (4, 16) apart, the loop's dim: each step one part
+    "loop_one_part_a_step": SplitView((0, 2, 1), ((4, 16), (128,))),
+    # K = (8, 8) apart: each step spans two parts
+    "loop_two_parts_a_step": SplitView((0, 2, 1), ((8, 8), (128,))),
+    # both axes split
+    "both": SplitView((2, 0, 3, 1), ((4, 16), (8, 16))),
+}
+
+
+@pytest.mark.parametrize("backend", ["triton", "pallas-interpret"])
+@pytest.mark.parametrize("case", sorted(SPLITS))
+def test_a_weight_read_through_a_split_view_gives_the_plain_outputs(backend, case):
+    """Triton reads the stored weight in place, per element (interpreted here); Pallas gets it
+    laid out by XLA (`read_view`). Both give the µGraph's reference outputs."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    g = _projection()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 128)).astype(np.float32)
+    view = SPLITS[case]
+    flat = tuple(n for run in view.runs for n in run)
+    stored = np.ascontiguousarray(w.reshape(flat).transpose(np.argsort(view.perm)))
+    assert stored.shape == view_stored_shape(w.shape, view)
+    np.testing.assert_array_equal(read_view(stored, view), w)
+    (want,) = evaluate_reference(g, x, w)
+    (got,) = lower(g, backend=backend, interpret=True, views={1: view})(x, stored)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
+    if backend == "triton":
+        from mirage_jax.lower import triton as T
+        from mirage_jax.lower.kernel_graph import plan
+
+        (p,) = plan(g).values()
+        _, src = T.kernel_source(p, T.default_config(), views={1: view})
+        assert "is stored as the array it is a view of: SplitView" in src
+        assert " // " in src and " % " in src  # addressed by the index's digits
+
+
+def test_an_einsum_over_a_heads_first_weight_reaches_its_region_as_a_split_view():
+    """Gemma's `einsum("BTD,NDH->BTNH")`: the region reads the weight as (D, heads *
+    head_dim), which the Triton kernel reads in place (no XLA transpose on every call)."""
+    from mirage_jax.regions import stored_views
+
+    def proj(x, w, g):
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * g
+        return jnp.einsum("BTD,NDH->BTNH", y, w)
+
+    args = (
+        jax.ShapeDtypeStruct((1, 1, 64), jnp.float32),
+        jax.ShapeDtypeStruct((8, 64, 16), jnp.float32),
+        jax.ShapeDtypeStruct((64,), jnp.float32),
+    )
+    part = lax_ir.partition(lax_ir.capture(proj, *args))
+    (region,) = [r for r in part.regions if "matmul" in {n.op for n in r.program.nodes}]
+    st = stored_views(region.program, "triton")
+    iface = region.program.meta["interface"]
+    (k,) = [k for k, (pos, _) in enumerate(iface["inputs"]) if iface["shapes"][pos] == (8, 64, 16)]
+    assert st.views[k] == SplitView((1, 0, 2), ((64,), (8, 16)))
+    assert st.steps[k] == (("reshape", (8, 64, 16)),)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(SPLITS))
+def test_gpu_triton_reads_a_split_view_in_place(case):
+    """The same, compiled by Triton and launched through jax-triton on the GPU."""
+    pytest.importorskip("jax_triton")
+    g = _projection()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 128)).astype(np.float32)
+    view = SPLITS[case]
+    flat = tuple(n for run in view.runs for n in run)
+    stored = np.ascontiguousarray(w.reshape(flat).transpose(np.argsort(view.perm)))
+    (want,) = evaluate_reference(g, x, w)
+    (got,) = lower(g, backend="triton", interpret=False, views={1: view})(x, stored)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2, atol=5e-2)
