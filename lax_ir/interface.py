@@ -82,8 +82,9 @@ class SplitView:
     """A stored array read as `stored.transpose(perm).reshape(canonical shape)`: a canonical
     axis made of stored axes that are not next to each other (Gemma's query weight, stored
     (heads, D, head_dim) and read as (D, heads * head_dim)). `runs[j]`: the sizes of canonical
-    axis j's stored axes, outer first (none for a unit axis); `perm` permutes their
-    concatenation, as a plain view's permutation does the canonical axes."""
+    axis j's parts, outer first (none for a unit axis); `perm` maps each part of their
+    concatenation to its stored axis, as a plain view's permutation does the canonical axes,
+    or is -1 for a part that a broadcast widened (stored nowhere: read with stride 0)."""
 
     perm: tuple[int, ...]
     runs: tuple[tuple[int, ...], ...]
@@ -98,7 +99,12 @@ canonical input being `stored.transpose(permutation)`, or a `SplitView`."""
 def view_stored_shape(shape: Sequence[int], view: View) -> tuple[int, ...]:
     """The shape of the stored array that `view` reads as a canonical input of `shape`."""
     if isinstance(view, SplitView):
-        return stored_shape(tuple(s for run in view.runs for s in run), view.perm)
+        flat = [s for run in view.runs for s in run]
+        out = [0] * sum(q >= 0 for q in view.perm)
+        for s, q in zip(flat, view.perm):
+            if q >= 0:
+                out[q] = s
+        return tuple(out)
     return stored_shape(shape, view)
 
 
@@ -106,7 +112,11 @@ def read_view(x: Any, view: View) -> Any:
     """The canonical input from the stored array `x` (numpy or jax), for a reader that cannot
     read it in place."""
     if isinstance(view, SplitView):
-        return x.transpose(view.perm).reshape(tuple(math.prod(run) for run in view.runs))
+        flat = tuple(s for run in view.runs for s in run)
+        x = x.transpose(tuple(q for q in view.perm if q >= 0))
+        x = x.reshape(tuple(1 if q < 0 else s for s, q in zip(flat, view.perm)))
+        x = np.broadcast_to(x, flat) if isinstance(x, np.ndarray) else jnp.broadcast_to(x, flat)
+        return x.reshape(tuple(math.prod(run) for run in view.runs))
     return x.transpose(view)
 
 
@@ -126,11 +136,12 @@ def view_strides(shape: Sequence[int], view: View) -> tuple[tuple[tuple[int, int
         runs, perm = view.runs, view.perm
     else:
         runs, perm = tuple((int(s),) for s in shape), view
-    flat = tuple(s for run in runs for s in run)
-    stored = row_major_strides(stored_shape(flat, perm))
+    stored = row_major_strides(view_stored_shape(shape, view))
     out, i = [], 0
     for run in runs:
-        out.append(tuple((s, stored[perm[i + j]]) for j, s in enumerate(run)))
+        out.append(
+            tuple((s, stored[perm[i + j]] if perm[i + j] >= 0 else 0) for j, s in enumerate(run))
+        )
         i += len(run)
     return tuple(out)
 
@@ -138,7 +149,7 @@ def view_strides(shape: Sequence[int], view: View) -> tuple[tuple[tuple[int, int
 def contiguous_axis(view: View) -> int:
     """The canonical axis whose innermost part is the stored array's contiguous axis."""
     if isinstance(view, SplitView):
-        last = view.perm.index(len(view.perm) - 1)
+        last = view.perm.index(max(view.perm))
         ends = [len(r) for r in view.runs]
         return next(j for j in range(len(ends)) if sum(ends[: j + 1]) > last)
     return view.index(len(view) - 1)

@@ -42,15 +42,26 @@ class _Atoms:
     def __init__(self, shape: Sequence[int]):
         self.size = {k: int(d) for k, d in enumerate(shape) if d != 1}
         self.order = [k for k, d in enumerate(shape) if d != 1]
+        self.wide: set[int] = set()  # atoms a broadcast made: in no place of memory
         self.next = len(shape)
+
+    def new(self, size: int, wide: bool = False) -> int:
+        """A new atom of `size` (a broadcast's where `wide`, placed nowhere in memory)."""
+        a, self.next = self.next, self.next + 1
+        self.size[a] = size
+        if wide:
+            self.wide.add(a)
+        return a
 
     def split(self, a: int, major: int) -> tuple[int, int]:
         """Atom a split into (major, rest) sizes; returns the two new atoms."""
-        first, second = self.next, self.next + 1
-        self.next += 2
-        self.size[first], self.size[second] = major, self.size[a] // major
-        i = self.order.index(a)
-        self.order[i : i + 1] = [first, second]
+        wide = a in self.wide
+        first = self.new(major, wide)
+        second = self.new(self.size[a] // major, wide)
+        if not wide:
+            i = self.order.index(a)
+            self.order[i : i + 1] = [first, second]
+        self.wide.discard(a)
         del self.size[a]
         return first, second
 
@@ -87,8 +98,11 @@ def _reshape(atoms: _Atoms, axes: list[list[int]], shape: Sequence[int]) -> list
     return out if not queue else None
 
 
-def _layout(shape: Sequence[int], ops: Ops) -> tuple[_Atoms, list[list[int]]] | None:
-    """Follow the stored array's atoms through reshapes and transposes."""
+def _layout(
+    shape: Sequence[int], ops: Ops, broadcasts: bool = False
+) -> tuple[_Atoms, list[list[int]]] | None:
+    """Follow the stored array's atoms through reshapes and transposes (and, with
+    `broadcasts`, size-1 axes widened: atoms placed nowhere in memory)."""
     atoms = _Atoms(shape)
     axes: list[list[int]] = [[k] if d != 1 else [] for k, d in enumerate(shape)]
     for op, arg in ops:
@@ -99,6 +113,10 @@ def _layout(shape: Sequence[int], ops: Ops) -> tuple[_Atoms, list[list[int]]] | 
             if got is None:
                 return None
             axes = got
+        elif op == "broadcast" and broadcasts and len(arg) == len(axes):
+            axes = [
+                ax if ax or n == 1 else [atoms.new(int(n), wide=True)] for ax, n in zip(axes, arg)
+            ]
         else:
             return None
     return atoms, axes
@@ -134,10 +152,12 @@ def view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], tuple[int, ..
 
 def split_view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], SplitView] | None:
     """(stored shape, view) with `read_view(x.reshape(stored), view) == apply(x, ops)` for x of
-    `shape`, where `ops` (reshapes and transposes only) keep each stored axis whole in one
-    canonical axis, but an axis may hold several that are not next to each other (Gemma's
-    (heads, D, head_dim) weight read as (D, heads * head_dim)); else None."""
-    got = _layout(shape, ops)
+    `shape`, where `ops` (reshapes, transposes, broadcasts of size-1 axes) keep each stored
+    axis whole in one canonical axis, but an axis may hold several that are not next to each
+    other (Gemma's (heads, D, head_dim) weight read as (D, heads * head_dim)) or widened ones,
+    read with stride 0 (a causal bias broadcast over the query groups and merged with the
+    query axis: XLA writes no widened copy); else None."""
+    got = _layout(shape, ops, broadcasts=True)
     if got is None:
         return None
     atoms, axes = got
@@ -146,23 +166,26 @@ def split_view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], SplitVi
     for ax in axes:
         cut: list[list[int]] = []
         for a in ax:
-            if cut and place[cut[-1][-1]] + 1 == place[a]:
+            last = cut[-1][-1] if cut else None
+            if last in place and a in place and place[last] + 1 == place[a]:
                 cut[-1].append(a)
             else:
                 cut.append([a])
         runs.append(cut)
     flat = [run for cut in runs for run in cut]  # the canonical axes, refined
-    by_memory = sorted(range(len(flat)), key=lambda i: place[flat[i][0]])
+    held = [i for i, run in enumerate(flat) if run[0] in place]  # not widened
+    by_memory = sorted(held, key=lambda i: place[flat[i][0]])
     stored = tuple(math.prod(atoms.size[a] for a in flat[i]) for i in by_memory)
-    perm = inverse(by_memory)
+    where = {i: j for j, i in enumerate(by_memory)}
+    perm = tuple(where.get(i, -1) for i in range(len(flat)))
     sizes = tuple(tuple(math.prod(atoms.size[a] for a in run) for run in cut) for cut in runs)
     return stored, SplitView(perm, sizes)
 
 
-def _layout_tail(ops: Ops) -> tuple[Ops, Ops]:
-    """`ops` split before the reshapes and transposes that end them."""
+def _layout_tail(ops: Ops, steps: Collection[str] = LAYOUT_STEPS) -> tuple[Ops, Ops]:
+    """`ops` split before the steps of kinds `steps` (reshapes and transposes) that end them."""
     j = len(ops)
-    while j and ops[j - 1][0] in LAYOUT_STEPS:
+    while j and ops[j - 1][0] in steps:
         j -= 1
     return tuple(ops[:j]), tuple(ops[j:])
 
@@ -183,8 +206,9 @@ def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, View] | None:
         if perm == tuple(range(rank)) or rank < 2 or rank - 1 not in perm[-2:]:
             return None
         return (*prefix, ("reshape", stored)), perm
-    split = split_view(start, suffix)
-    if split is None:
+    prefix, suffix = _layout_tail(ops, (*LAYOUT_STEPS, "broadcast"))
+    split = split_view(shape_after(shape, prefix), suffix)
+    if split is None or not split[0]:
         return None
     stored, sv = split
     rank, axis = len(sv.runs), contiguous_axis(sv)

@@ -70,15 +70,18 @@ def default_config() -> TritonConfig:
 # ---------------------------------------------------------------------------- the generator
 def _digits(index: str, parts: Sequence[tuple[int, int]]) -> str:
     """The offset of `index` along an axis made of stored axes `parts` ((size, stride), outer
-    first, not next to each other in memory): each one's digit of the index times its stride."""
+    first, not next to each other in memory; stride 0 for a widened one): each one's digit of
+    the index times its stride."""
     terms, inner = [], math.prod(n for n, _ in parts)
     for j, (n, stride) in enumerate(parts):
         inner //= n
+        if not stride:
+            continue
         digit = f"({index})" if inner == 1 else f"(({index}) // {inner})"
         if j:
             digit = f"({digit} % {n})"
         terms.append(f"{digit} * {stride}")
-    return " + ".join(terms)
+    return " + ".join(terms) or "0"
 
 
 def _tile_access(
