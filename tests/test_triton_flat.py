@@ -106,15 +106,17 @@ def test_flat_combine_on_gpu(steps):
         assert _rel(o, r) < 5e-3
 
 
-def test_split_parts_probe_forms_compute_the_region(monkeypatch):
+def test_split_parts_probe_forms_compute_the_region(monkeypatch, once_per_run):
     """`experiments.split_parts_probe`: each form (parts, steps, warps; combine flat or looped)
-    of a searched split attention lowers and computes what the region does."""
+    of a searched split attention lowers and computes what the region does (the gqa_stable
+    search `test_search` runs, read back where another process of the run made it)."""
     import jax
 
     import lax_ir
     from experiments.split_parts_probe import forms, lowered
     from mirage_jax.lower import triton as tr
     from mirage_jax.select import random_inputs
+    from tests import test_search
     from tests.test_search import kernels, searched
 
     flat_kernels = []
@@ -124,6 +126,7 @@ def test_split_parts_probe_forms_compute_the_region(monkeypatch):
         return triton_flat.emit_flat(*args, **kwargs)
 
     monkeypatch.setattr(tr, "emit_flat", counted)
+    monkeypatch.setitem(test_search._ONCE, "fn", once_per_run)
     p, r = searched("gqa_stable")
     g = next(g for g in r.mugraphs if len(kernels(g)) == 2 and "split" in g.meta["structure"])
     xs = [np.asarray(x) for x in random_inputs(p, 0)]
