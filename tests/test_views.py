@@ -47,14 +47,20 @@ def test_steps_before_the_layout_steps_stay_with_xla():
 
 
 @st.composite
-def _chains(draw):
+def _chains(draw, widen: bool = False):
+    """(shape, ops): transposes and reshapes; with `widen`, broadcasts of size-1 axes too."""
     shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4)))
     cur, ops = shape, []
+    kinds = ["transpose", "reshape", "broadcast"] if widen else ["transpose", "reshape"]
     for _ in range(draw(st.integers(1, 4))):
-        if draw(st.booleans()):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "transpose":
             perm = tuple(draw(st.permutations(range(len(cur)))))
             ops.append(("transpose", perm))
             cur = tuple(cur[p] for p in perm)
+        elif kind == "broadcast" and 1 in cur:
+            cur = tuple(draw(st.sampled_from([1, 2, 3])) if d == 1 else d for d in cur)
+            ops.append(("broadcast", cur))
         else:
             total, dims = int(np.prod(cur)), []
             while total > 1:
