@@ -4,14 +4,17 @@ A region's canonical input k is its input `position` with interface steps applie
 transposes, ...: `lax_ir.layouts`). Any reshape of a row-major array is free, a transpose is a
 copy XLA writes on every call. A chain of reshapes and transposes is a *view* when it equals
 one reshape of the stored array followed by one transpose: a kernel then reads the stored
-array in place, through the permuted strides (`mirage_jax.lower.triton._tile_access`).
+array in place, through the permuted strides (`mirage_jax.lower.triton_access.tile_access`).
 
 `input_view` finds that form by following the stored array's axes ("atoms": its axes, split
 where a reshape splits them) through each step. The chain is a view when every axis of the
 result holds atoms that lie next to each other, in order, in the stored array: Gemma's
 `transpose(0, 2, 1, 3)`, `reshape` (dropping a unit batch), `transpose(0, 2, 1)` of a cache
 stored (1, S, heads, D) is one; the same at batch 8, which merges the batch with the heads,
-is not.
+is not. Where an axis holds atoms apart (Gemma's (heads, D, head_dim) weight read as
+(D, heads * head_dim)) or atoms a broadcast widened (placed nowhere: stride 0), the chain is a
+*split view* (`split_view`, `lax_ir.interface.SplitView`): the kernel addresses that axis per
+element, each part by its own stride.
 """
 
 from __future__ import annotations
@@ -193,10 +196,10 @@ def _layout_tail(ops: Ops, steps: Collection[str] = LAYOUT_STEPS) -> tuple[Ops, 
 def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, View] | None:
     """How a kernel reads a region input of `shape` whose interface steps are `ops` in place:
     (the steps XLA still applies, ending in a free reshape; the permutation, or `SplitView`
-    where an axis is made of stored axes apart, the kernel reads through), or None where the
-    layout steps that end `ops` are no view or no transpose, or the stored array's contiguous
-    axis would not be the innermost part of one of the tile's two (loads would not
-    coalesce)."""
+    where an axis is made of stored axes apart or widened by a broadcast among the steps that
+    end `ops`, the kernel reads through), or None where the layout steps that end `ops` are no
+    view or move no data, or the stored array's contiguous axis would not be the innermost
+    part of one of the tile's two (loads would not coalesce)."""
     prefix, suffix = _layout_tail(ops)
     start = shape_after(shape, prefix)
     got = view(start, suffix)

@@ -1,7 +1,7 @@
 """Split views: a canonical axis made of stored axes that are not next to each other (Gemma's
 (heads, D, head_dim) weights read as (D, heads * head_dim)) is read in place, its address per
 element from the index's digits (`lax_ir.interface.SplitView`, `lax_ir.views.split_view`,
-the Triton generator's `_tile_access`)."""
+the Triton generator's `triton_access.tile_access`)."""
 
 from __future__ import annotations
 

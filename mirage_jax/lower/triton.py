@@ -21,13 +21,14 @@ from typing import Any
 
 import jax
 
-from lax_ir.interface import View, stored_shape, view_strides
+from lax_ir.interface import View, stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
+from mirage_jax.lower.triton_access import tile_access
 from mirage_jax.lower.triton_flat import emit_flat, flat_loop
 from mirage_jax.lower.triton_hoist import hoisted_statistics, main_loop_values, preloaded
-from mirage_jax.lower.triton_rules import BACKEND, TL_DTYPES, OpCtx, lane
+from mirage_jax.lower.triton_rules import BACKEND, TL_DTYPES, OpCtx
 from mirage_jax.lower.triton_runtime import compile_for as compile_for
 from mirage_jax.lower.triton_runtime import launcher
 from mirage_jax.lower.triton_split import (
@@ -68,74 +69,6 @@ def default_config() -> TritonConfig:
 
 
 # ---------------------------------------------------------------------------- the generator
-def _digits(index: str, parts: Sequence[tuple[int, int]]) -> str:
-    """The offset of `index` along an axis made of stored axes `parts` ((size, stride), outer
-    first, not next to each other in memory; stride 0 for a widened one): each one's digit of
-    the index times its stride."""
-    terms, inner = [], math.prod(n for n, _ in parts)
-    for j, (n, stride) in enumerate(parts):
-        inner //= n
-        if not stride:
-            continue
-        digit = f"({index})" if inner == 1 else f"(({index}) // {inner})"
-        if j:
-            digit = f"({digit} % {n})"
-        terms.append(f"{digit} * {stride}")
-    return " + ".join(terms) or "0"
-
-
-def _tile_access(
-    dims, pids: list[str], view: View | None = None
-) -> tuple[str, Callable[[str], str], str, str | None]:
-    """(block base offset, the loop step's offset as a function of the step, lane offsets,
-    mask) source of one tile.
-
-    An input with a `view` is stored as the array the µGraph reads through it (a weight read
-    as Wᵀ, a cache stored (B, S, heads, D) read as Kᵀ per head, Gemma's (heads, D, head_dim)
-    query weight read as (D, heads * head_dim)): the same logical tile, read through the stored
-    array's strides. An axis made of stored axes apart (`SplitView`) is addressed per element,
-    by its digits of the index."""
-    sizes = tuple(d.size for d in dims)
-    parts = view_strides(sizes, view if view is not None else tuple(range(len(sizes))))
-    pads = tuple(d.pad for d in dims)
-    base, step, offs = [], [], []
-    split: list[tuple[int, Any, tuple[tuple[int, int], ...]]] = []
-    for k, (d, dparts) in enumerate(zip(dims, parts)):
-        if len(dparts) > 1:
-            split.append((k, d, dparts))
-            continue
-        s = dparts[0][1] if dparts else 0
-        if d.axis is not None:
-            base.append(f"{pids[d.axis]} * {d.extent * s}")
-        if d.loop:
-            step.append(f"{d.tile * s}")
-        offs.append(f"{lane(pads, k)} * {s}")
-    for k, d, dparts in split:
-        if d.loop:
-            continue  # addressed per step below
-        index = (
-            lane(pads, k) if d.axis is None else f"{pids[d.axis]} * {d.extent} + {lane(pads, k)}"
-        )
-        offs.append(_digits(index, dparts))
-    looped = [(k, d, dparts) for k, d, dparts in split if d.loop]
-    linear = " + ".join(step)
-
-    def at_step(at: str) -> str:
-        terms = [f"({at}) * ({linear})"] if linear else []
-        for k, d, dparts in looped:
-            first = "" if d.axis is None else f"{pids[d.axis]} * {d.extent} + "
-            terms.append(_digits(f"{first}({at}) * {d.tile} + {lane(pads, k)}", dparts))
-        return " + ".join(terms) or "0"
-
-    masks = [f"({lane(pads, k)} < {d.tile})" for k, d in enumerate(dims) if d.masked]
-    return (
-        " + ".join(base) or "0",
-        at_step,
-        " + ".join(offs) or "0",
-        " & ".join(masks) if masks else None,
-    )
-
-
 def _axis_pids(grid: Sequence[int], emit: Callable[[str], Any]) -> list[str]:
     """Emit a block's grid position as one program id per axis (`pid{a}`); their names."""
     for a, g in enumerate(grid):
@@ -173,9 +106,9 @@ def generate_source(
     out_dtypes: Mapping[int, str] | None = None,
 ) -> str:
     """The readable `@triton.jit` source of one planned kernel (inputs, then outputs); inputs
-    in `views` are stored permuted (`_tile_access`), and so are outputs in `out_views` (the
-    array written is the one whose `transpose(out_views[j])` is the output); outputs in
-    `out_dtypes` are stored in that dtype (`lower(out_dtypes=)`)."""
+    in `views` are read as stored (`triton_access.tile_access`), and outputs in `out_views`
+    written permuted (the array written is the one whose `transpose(out_views[j])` is the
+    output); outputs in `out_dtypes` are stored in that dtype (`lower(out_dtypes=)`)."""
     lines: list[str] = []
     emit = lines.append
     ins = [f"in{k}" for k in range(plan.n_in)]
@@ -313,7 +246,7 @@ def _body(
         )
         if k in views:
             emit(f"{ind}# {p}in{k} is stored as the array it is a view of: {views[k]}")
-        base, at_step, offs, mask = _tile_access(dims, pids, views.get(k))
+        base, at_step, offs, mask = tile_access(dims, pids, views.get(k))
         emit(f"{ind}{p}in{k}_ptrs = {p}in{k} + {base} + {offs}")
         if mask:
             emit(f"{ind}{p}in{k}_mask = {mask}")
@@ -468,7 +401,7 @@ def _epilogue(
     for j, o in enumerate(bg.outputs):
         dims = plan.outputs[j]
         perm = (out_views or {}).get(j)
-        base, _, offs, mask = _tile_access(dims, pids, perm)
+        base, _, offs, mask = tile_access(dims, pids, perm)
         dt = TL_DTYPES[(out_dtypes or {}).get(j) or plan.dtype(o.arg)]
         m = f", mask={mask}" if mask else ""
         emit(f"{ind}# {p}out{j}: {list(plan.output_shapes[j])}, omap {o.omap}")
