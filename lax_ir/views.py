@@ -127,40 +127,31 @@ def _layout(
 
 def view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(stored shape, permutation) with `apply(x, ops) == x.reshape(stored).transpose(perm)`
-    for x of `shape`, where `ops` (reshapes and transposes only) is a view; else None."""
-    got = _layout(shape, ops)
+    for x of `shape`, where `ops` (reshapes and transposes only) is a view: a split view whose
+    every axis is one part (`split_view`), its unit axes stored first; else None."""
+    got = split_view(shape, ops, broadcasts=False)
     if got is None:
         return None
-    atoms, axes = got
-    owner = {a: k for k, ax in enumerate(axes) for a in ax}
-    runs: list[int] = []  # result axes in the stored array's memory order, one per run
-    for a in atoms.order:
-        k = owner[a]
-        if runs and runs[-1] == k:
-            continue
-        if k in runs:
-            return None  # an axis whose atoms are not next to each other
-        runs.append(k)
-    for k, ax in enumerate(axes):  # atoms of one axis in the stored array's own order
-        if [a for a in atoms.order if owner[a] == k] != ax:
-            return None
-    units = [k for k, ax in enumerate(axes) if not ax]
-    final = shape_after(shape, ops)
-    stored = (1,) * len(units) + tuple(math.prod(atoms.size[a] for a in axes[k]) for k in runs)
-    where = {k: len(units) + j for j, k in enumerate(runs)}
-    where.update({k: j for j, k in enumerate(units)})
-    perm = tuple(where[k] for k in range(len(final)))
-    return stored, perm
+    stored, sv = got
+    if any(len(run) > 1 for run in sv.runs):
+        return None  # an axis whose atoms are not next to each other, in order
+    units = [k for k, run in enumerate(sv.runs) if not run]
+    held = [k for k, run in enumerate(sv.runs) if run]
+    where = {k: j for j, k in enumerate(units)}
+    where.update({k: len(units) + sv.perm[i] for i, k in enumerate(held)})
+    return (1,) * len(units) + stored, tuple(where[k] for k in range(len(sv.runs)))
 
 
-def split_view(shape: Sequence[int], ops: Ops) -> tuple[tuple[int, ...], SplitView] | None:
+def split_view(
+    shape: Sequence[int], ops: Ops, broadcasts: bool = True
+) -> tuple[tuple[int, ...], SplitView] | None:
     """(stored shape, view) with `read_view(x.reshape(stored), view) == apply(x, ops)` for x of
-    `shape`, where `ops` (reshapes, transposes, broadcasts of size-1 axes) keep each stored
-    axis whole in one canonical axis, but an axis may hold several that are not next to each
-    other (Gemma's (heads, D, head_dim) weight read as (D, heads * head_dim)) or widened ones,
-    read with stride 0 (a causal bias broadcast over the query groups and merged with the
-    query axis: XLA writes no widened copy); else None."""
-    got = _layout(shape, ops, broadcasts=True)
+    `shape`, where `ops` (reshapes, transposes and, with `broadcasts`, broadcasts of size-1
+    axes) keep each stored axis whole in one canonical axis, but an axis may hold several that
+    are not next to each other (Gemma's (heads, D, head_dim) weight read as (D, heads *
+    head_dim)) or widened ones, read with stride 0 (a causal bias broadcast over the query
+    groups and merged with the query axis: XLA writes no widened copy); else None."""
+    got = _layout(shape, ops, broadcasts)
     if got is None:
         return None
     atoms, axes = got
