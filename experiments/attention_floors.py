@@ -1,12 +1,13 @@
 """The attention regions of the real-model set and their floors (CPU: nothing is timed).
 
 Issue 16 asks every attention region of the set to run within 2× of its floor where the floor
-is above 5 µs. Per model × size × batch, each region with an `exp` (the softmax) is listed with
-its bytes (its inputs as the region receives them and its outputs, each read or written once),
-its matmul flops (as written: a causal mask's masked half is counted), and its floor: the
-larger of bytes at a copy bandwidth and flops at a peak rate. Both rates are arguments: the copy bandwidth a GPU run measured (`never_slower` records
-it per run, 2.93 TB/s on the H100 on 2026-11-27), and the H100 SXM's dense fp16 tensor-core
-rate from NVIDIA's data sheet (989 Tflop/s), which no kernel reaches (ours at most 281,
+is above 5 µs. Per model × size × batch, each attention region (an `exp` between two matmuls)
+is listed with its bytes (its inputs as the region receives them and its outputs, each read or
+written once), its matmul flops (as written: a causal mask's masked half is counted), and its
+floor: the larger of bytes at a copy bandwidth and flops at a peak rate. Both rates are
+arguments: the copy bandwidth a GPU run measured (`never_slower` records it per run, 2.93 TB/s
+on the H100 on 2026-11-27), and the H100 SXM's dense fp16 tensor-core rate from NVIDIA's data
+sheet (989 Tflop/s), which no kernel reaches (ours at most 281,
 `mirage_jax.compute_gate.CEILING_FLOPS`). A region's measured time comes from a GPU run's
 results; this script only says which regions the criterion covers and what their floors are.
 
@@ -43,11 +44,13 @@ def _bytes(avals: Sequence[tuple[Sequence[int], Any]]) -> int:
 
 
 def attention_regions(program: Any) -> list[Any]:
-    """The regions of a partitioned program that hold a softmax (an `exp`)."""
+    """The regions of a partitioned program that are attention (`pieces_search.role`: an
+    `exp` between two matmuls)."""
     import lax_ir
+    from experiments.models.pieces_search import role
 
     part = lax_ir.partition(program)
-    return [r for r in part.regions if any(n.op == "exp" for n in r.program.nodes)]
+    return [r for r in part.regions if role([n.op for _, n in r.program.ops()]) == "attention"]
 
 
 def floors(
