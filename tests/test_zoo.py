@@ -85,15 +85,15 @@ def test_ray_entries_equal_local_pool_entries_and_rerun_skips_them(
 
 
 TINY_SET = ("llama_decode_nnx", "gpt2_prefill")
-"""The models of the whole-set test, at batch 1 (`TINY_BATCHES`): one of each kind (a decode
-block with its cache writes, a prefill block), with kernel and XLA entries both. Library
-attention (sdpa_decode) and batch 2 are left out:
-`test_ray_entries_equal_local_pool_entries_and_rerun_skips_them` already checks Ray against
-the local pool for sdpa and sdpa_decode at b=1,2, searched to exhaustion, and the batch-2 blocks' regions are the batch-1 ones with more
-rows, which took half of this test's time. All 7 of the tiny set took 165 s of the CPU suite's
-14 min on 2 cores (2026-11-26); with equinox's decode block too, this test took 80-92 s of
-15 min (2026-11-27), and the executors' equality does not depend on the library that wrote
-the block; the suite has a 15 min allowance."""
+"""The models of the whole-set test, at batch 1 (`TINY_BATCHES`): one of each kind (a decode block
+with its cache writes, a prefill block), with kernel and XLA entries both. Library attention
+(sdpa_decode) and batch 2 are left out:
+`test_ray_entries_equal_local_pool_entries_and_rerun_skips_them` already checks Ray against the
+local pool for sdpa and sdpa_decode at b=1,2, searched to exhaustion, and the batch-2 blocks'
+regions are the batch-1 ones with more rows, which took half of this test's time. All 7 of the
+tiny set took 165 s of the CPU suite's 14 min on 2 cores (2026-11-26); with equinox's decode
+block too, this test took 80-92 s of 15 min (2026-11-27), and the executors' equality does not
+depend on the library that wrote the block; the suite has a 15 min allowance."""
 TINY_BATCHES = (1,)
 
 

@@ -112,15 +112,15 @@ def lower(
 
     Inputs at the positions in `views` arrive as stored: the µGraph's input is
     `stored.transpose(views[pos])` (a weight kept as W where the µGraph reads Wᵀ, a KV cache
-    kept (B, S, heads, D) read as Kᵀ per head; a bare collection of positions means the last
-    two axes exchanged), or the stored array read through a `SplitView`. Kernels of a backend
-    that can (`VIEWS`) read them in place; every other reader gets them laid out by XLA. Outputs at the positions in `out_views` are
-    returned as stored: the array whose `transpose(out_views[pos])` is the output, written so
-    in place by a kernel of such a backend that produces it alone (`triton`), else transposed
-    by XLA. Outputs at the positions in `out_dtypes` that are wider floats are returned rounded
-    to that dtype (the region's own: a µGraph may keep an fp32 accumulator as its output),
-    stored so by the kernel that produces it alone where the backend can (`NARROW_STORES`),
-    else rounded by XLA.
+    kept (B, S, heads, D) read as Kᵀ per head; a bare collection of positions means the last two
+    axes exchanged), or the stored array read through a `SplitView`. Kernels of a backend that
+    can (`VIEWS`) read them in place; every other reader gets them laid out by XLA. Outputs at
+    the positions in `out_views` are returned as stored: the array whose
+    `transpose(out_views[pos])` is the output, written so in place by a kernel of such a backend
+    that produces it alone (`triton`), else transposed by XLA. Outputs at the positions in
+    `out_dtypes` that are wider floats are returned rounded to that dtype (the region's own: a
+    µGraph may keep an fp32 accumulator as its output), stored so by the kernel that produces it
+    alone where the backend can (`NARROW_STORES`), else rounded by XLA.
 
     Arguments:
         mugraph: the µGraph (validated first).
