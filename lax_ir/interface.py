@@ -120,6 +120,17 @@ def read_view(x: Any, view: View) -> Any:
     return x.transpose(view)
 
 
+def write_view(y: Any, view: View) -> Any:
+    """The stored array that `view` reads as the canonical `y` (`read_view`'s inverse), for a
+    writer that cannot write it in place; `view` widens nothing (an output's)."""
+    if isinstance(view, SplitView):
+        if min(view.perm, default=0) < 0:
+            raise ValueError(f"{view}: a widened part has no place to write")
+        y = y.reshape(tuple(s for run in view.runs for s in run))
+        return y.transpose(inverse(view.perm))
+    return y.transpose(inverse(view))
+
+
 def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """The element strides of a row-major array of `shape`."""
     out, acc = [], 1

@@ -225,16 +225,54 @@ def free_reshape(shape: Sequence[int], ops: Ops) -> Ops | None:
     return (*prefix, ("reshape", shape_after(start, suffix)))
 
 
-def output_view(
-    shape: Sequence[int], out_ops: Ops, after: Ops
-) -> tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] | None:
+def output_view(shape: Sequence[int], out_ops: Ops, after: Ops) -> tuple[View, Ops] | None:
     """How a kernel writes a canonical output of `shape` so that what follows it moves no data:
     the region's output is the canonical one with `out_ops` applied, and the program then
-    applies `after` (layout steps only: transposes, then reshapes, as attention's
-    (B, heads, T, D) -> (B, T, heads * D)). Returns (perm, (stored shape, transpose)): the kernel
-    writes the array whose `transpose(perm)` is the canonical output, and the region's output
-    is that array reshaped (free) and transposed once, a transpose XLA folds into the one of
-    `after`. None where that is not so, or the stores would not coalesce."""
+    applies `after` (layout steps only, as attention's (B, heads, T, D) -> (B, T, heads * D)).
+    Returns (view, steps): the kernel writes the array that `view` reads as the canonical output
+    (`lax_ir.interface.read_view`), and the region's output is that array with `steps` applied,
+    steps that XLA folds into `after`'s. None where that is not so, or the stores would not
+    coalesce (the canonical last axis's inner part must be the written array's last).
+
+    Where `after` is transposes then reshapes and the canonical axes stay whole, the array is
+    the output permuted and `steps` one reshape and one transpose. Otherwise (sdpa's grouped
+    (B, kv heads, T * groups, D) output, which the program lays out (B, T, heads, D)), the array
+    is the program's final one, written through a `SplitView`, and `steps` undo `after`."""
+    plain = _permuted_output(shape, out_ops, after)
+    if plain is not None:
+        return plain
+    chain = (*out_ops, *after)
+    if not after or any(op not in LAYOUT_STEPS for op, _ in chain):
+        return None
+    final = shape_after(shape, chain)
+    got = split_view(final, _undone(shape, chain), broadcasts=False)
+    if got is None:
+        return None
+    stored, sv = got
+    flat = [s for run in sv.runs for s in run]
+    if sv.perm == tuple(range(len(flat))) or shape[-1] == 1 or not sv.runs[-1]:
+        return None  # the same array, or no last axis to store along
+    if sv.perm[len(flat) - 1] != len(stored) - 1:
+        return None  # the canonical last axis's inner part is not stored innermost
+    return sv, (("reshape", final), *_undone(shape_after(shape, out_ops), after))
+
+
+def _undone(shape: Sequence[int], ops: Ops) -> Ops:
+    """The layout steps that take an array of `shape` with `ops` applied back to `shape`."""
+    back: list[tuple[str, tuple[int, ...]]] = []
+    cur = tuple(shape)
+    for op, arg in ops:
+        if op == "transpose":
+            back.append(("transpose", inverse(arg)))
+        else:
+            back.append(("reshape", cur))
+        cur = shape_after(cur, ((op, arg),))
+    return tuple(reversed(back))
+
+
+def _permuted_output(shape: Sequence[int], out_ops: Ops, after: Ops) -> tuple[View, Ops] | None:
+    """`output_view`'s first form: the output permuted, the region's output that array reshaped
+    and transposed once, a transpose XLA folds into those of `after`."""
     kinds = [op for op, _ in after]
     first = kinds.index("reshape") if "reshape" in kinds else len(kinds)
     if first == 0 or set(kinds[:first]) != {"transpose"} or set(kinds[first:]) - {"reshape"}:
@@ -253,7 +291,7 @@ def output_view(
     perm = inverse(order)
     stored = tuple(int(shape[a]) for a in order)
     back = view(stored, (("transpose", perm), *out_ops))
-    return None if back is None else (perm, back)
+    return None if back is None else (perm, (("reshape", back[0]), ("transpose", back[1])))
 
 
 def layout_after(program: Any, node: int, xla: Collection[int] | None = None) -> Ops:

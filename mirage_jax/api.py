@@ -46,6 +46,7 @@ from mirage_jax.lower import backends
 from mirage_jax.regions import (
     SearchAhead,
     compute_gated,
+    constant_inputs,
     region_avals,
     region_kernel,
 )
@@ -420,7 +421,10 @@ class MirageJit:
         xla = set(range(len(part.program.nodes))) - inside
         after = [layout_after(part.program, o, xla) for o in region.outputs]
         opts = self.opts
-        return region_kernel(decision, region, backend, opts.lower_config, opts.strict, after)
+        known = constant_inputs(part.program, region)
+        return region_kernel(
+            decision, region, backend, opts.lower_config, opts.strict, after, known
+        )
 
 
 # ---------------------------------------------------------------------- helpers

@@ -15,22 +15,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import numpy as np
 
 import lax_ir
 from lax_ir.interface import (
     Ops,
+    View,
     Views,
     adapt,
     apply_ops,
-    inverse,
     merged,
     read_view,
-    stored_shape,
     view_stored_shape,
+    write_view,
 )
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.lower import backends
+from mirage_jax.lower.masked_steps import MASKED
 from mirage_jax.mugraph.load_steps import LOAD_STEPS, with_load_steps
 from mirage_jax.search.order import TIME_TOP
 
@@ -352,10 +354,13 @@ def region_kernel(
     lower_config: Any,
     strict: bool | None = None,
     after: Sequence[Ops] | None = None,
+    known: Mapping[int, np.ndarray] | None = None,
 ) -> Callable | str:
     """The region's replacement (a custom_jvp around the lowered µGraph), or why not. `after`:
     the layout steps the program applies to each region output (`lax_ir.views.layout_after`),
-    so a kernel can write an output in the layout they end in.
+    so a kernel can write an output in the layout they end in; `known`: the region's inputs
+    that are constants of the program, by position, as the region receives them
+    (`constant_inputs`), whose masks a kernel may skip (`lower.masked_steps`).
 
     A failure is a warning and the region runs as XLA; in strict mode it raises (`fallback`).
     """
@@ -364,16 +369,17 @@ def region_kernel(
     views = st.views
     order = (decision.verification or {}).get("output_order")
     order = list(order) if order else list(range(len(program.outputs)))
-    out_perms = {k: perm for k, (perm, _) in st.outputs.items()}
+    out_views = {k: v for k, (v, _) in st.outputs.items()}
     try:
         impl = lower_mugraph(
             decision.mugraph,
             backend,
             lower_config,
             views,
-            {order[k]: perm for k, perm in out_perms.items()},
+            {order[k]: v for k, v in out_views.items()},
             region_out_dtypes(program, order),
             st.loads,
+            canonical_constants(program, known or {}),
         )
     except Exception as e:  # any failure: reported (strict: raised), the region stays XLA
         fallback(
@@ -407,7 +413,7 @@ def region_kernel(
         )
         return f"lowered kernel fails to trace ({type(e).__name__})"
     want = [
-        (stored_shape(s, out_perms[k]) if k in out_perms else tuple(s), str(d))
+        (view_stored_shape(s, out_views[k]) if k in out_views else tuple(s), str(d))
         for k, (s, d) in enumerate(program.output_avals)
     ]
     if got != want:
@@ -419,33 +425,34 @@ def region_kernel(
             strict,
         )
         return "lowered kernel has the wrong output shapes/dtypes"
-    out_steps = {k: (("reshape", r), ("transpose", p)) for k, (_, (r, p)) in st.outputs.items()}
-    jvp = with_xla_jvp(ordered, program, views, out_perms, st.loads)
+    out_steps = {k: steps for k, (_, steps) in st.outputs.items()}
+    jvp = with_xla_jvp(ordered, program, views, out_views, st.loads)
     return adapt(jvp, program, st.steps, out_steps)
 
 
 @dataclass(frozen=True)
 class Stored:
-    """How a kernel takes a region's inputs: `views`, position -> the permutation it reads a
-    stored array through; `steps`, position -> the interface steps XLA still applies to such an
+    """How a kernel takes a region's inputs and writes its outputs: `views`, position -> the
+    permutation or `SplitView` it reads a stored array through; `steps`, position -> the interface steps XLA still applies to such an
     input, to one whose layout steps are only a reshape (`lax_ir.views`), or to one whose
     shift the kernel applies; `loads`, position -> the steps the kernel applies where it loads
-    the input (`mugraph.load_steps`)."""
+    the input (`mugraph.load_steps`); `outputs`, output k -> (view, steps): the kernel writes
+    the array `view` reads as the output, which `steps` make the region's
+    (`lax_ir.views.output_view`)."""
 
     views: Views
     steps: dict[int, Ops]
-    outputs: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]]
+    outputs: dict[int, tuple[View, Ops]]
     loads: dict[int, Ops] = field(default_factory=dict)
 
 
 def _load_steps(ops: Ops) -> tuple[Ops, Ops]:
-    """(the steps XLA applies, those the kernel applies on load): the shifts go to the kernel
-    where nothing but layout steps is around them (a shift commutes with those, not a scale)."""
-    shifts = tuple(op for op in ops if op[0] in LOAD_STEPS)
-    rest = tuple(op for op in ops if op[0] not in LOAD_STEPS)
-    if not shifts or any(op[0] == "scale" for op in rest):
+    """(the steps XLA applies, those the kernel applies on load, in order): the shifts and
+    scales by a constant, which commute with the layout steps around them."""
+    load = tuple(op for op in ops if op[0] in LOAD_STEPS)
+    if not load:
         return ops, ()
-    return merged(rest), shifts
+    return merged(tuple(op for op in ops if op[0] not in LOAD_STEPS)), load
 
 
 def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None) -> Stored:
@@ -455,12 +462,13 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
     where the backend reads views in place (`VIEWS`: Triton), and the stored array's contiguous
     axis is one of the tile's two (loads stay coalesced); XLA then no longer copies them on
     every call. Layout steps that only reshape are a free reshape for any backend. An input's
-    shift by a constant (Gemma's `1 + scale`) the kernel applies where it loads it, for any
-    backend, instead of XLA launching a kernel for it on every call.
+    shift or scale by a constant (Gemma's `1 + scale`, attention's 1/sqrt(d) on the queries) the
+    kernel applies where it loads it, for any backend, instead of XLA launching a kernel for it
+    on every call; the layout steps around it may then be a view.
 
-    `outputs`: output k -> (perm, (stored shape, transpose)) where the kernel writes the array
-    whose `transpose(perm)` is the output, so that the layout steps `after[k]` the program
-    applies to it move no data (`lax_ir.views.output_view`); only with `after`."""
+    `outputs`: output k -> (view, steps) where the kernel writes the array that `view` reads as
+    the output, so that the layout steps `after[k]` the program applies to it move no data
+    (`lax_ir.views.output_view`); only with `after`."""
     interface = program.meta.get("interface")
     if interface is None:
         return Stored({}, {}, {})
@@ -491,6 +499,43 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
     return Stored(views, steps, outputs, loads)
 
 
+MAX_CONSTANT_ELEMENTS = 1 << 26
+"""Constant inputs larger than this (elements, as the kernel reads them) are not inspected."""
+
+
+def constant_inputs(program: Any, region: Any) -> dict[int, np.ndarray]:
+    """The region's inputs that are constants of the partitioned `program` (a causal mask the
+    capture folded), by the region's input position, as the region receives them."""
+    out = {}
+    for pos, i in enumerate(region.inputs):
+        node = program.nodes[i]
+        if node.op == "constant" and node.shape:
+            out[pos] = np.asarray(node.param("value").array)
+    return out
+
+
+def canonical_constants(program: Any, known: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """The region's constant inputs `known` (by its input position) as the µGraph's inputs
+    (canonical, without the steps kernels apply on load), for those that mask (hold entries at
+    most `lower.masked_steps.MASKED`) and are at most `MAX_CONSTANT_ELEMENTS`."""
+    interface = program.meta.get("interface")
+    out = {}
+    for k, (pos, ops) in enumerate(interface["inputs"] if interface else ()):
+        value = known.get(pos)
+        if value is None or value.dtype.kind != "f" or not (value <= MASKED).any():
+            continue
+        rest = _load_steps(ops)[0]  # the µGraph takes it without its load steps
+        shape = program.input_avals[k][0]
+        if int(np.prod(shape)) > MAX_CONSTANT_ELEMENTS:
+            continue
+        out[k] = np.asarray(apply_ops(value, rest)).reshape(shape)
+    if interface is None:
+        for k, value in known.items():
+            if value.dtype.kind == "f" and (value <= MASKED).any():
+                out[k] = value
+    return out
+
+
 def region_out_dtypes(program: Any, order: Sequence[int] | None = None) -> dict[int, str]:
     """µGraph output position -> the region's dtype for it (`order[k]`: the µGraph output that
     is region output k, the verdict's output order), so a kernel stores it in that dtype
@@ -507,6 +552,7 @@ def lower_mugraph(
     out_views: Views | None = None,
     out_dtypes: Mapping[int, str] | None = None,
     loads: Mapping[int, Ops] | None = None,
+    known: Mapping[int, np.ndarray] | None = None,
 ) -> Callable[..., Sequence[Any]]:
     """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
     inputs in `views` arrive as stored, outputs in `out_views` leave as stored, outputs in
@@ -522,6 +568,8 @@ def lower_mugraph(
         extra["out_views"] = out_views
     if out_dtypes:
         extra["out_dtypes"] = out_dtypes
+    if known:
+        extra["known"] = known
     return lower(mugraph, backend=backend, config=lower_config, **extra)
 
 
@@ -545,9 +593,7 @@ def with_xla_jvp(
         xs = tuple(read_view(x, views_[k]) if k in views_ else x for k, x in enumerate(xs))
         xs = tuple(apply_ops(x, loads_[k]) if k in loads_ else x for k, x in enumerate(xs))
         ys = lax_ir.evaluate(program, *xs)
-        return tuple(
-            jax.numpy.transpose(y, inverse(outs_[k])) if k in outs_ else y for k, y in enumerate(ys)
-        )
+        return tuple(write_view(y, outs_[k]) if k in outs_ else y for k, y in enumerate(ys))
 
     @jax.custom_jvp
     def kernel(*xs: Any) -> tuple[Any, ...]:

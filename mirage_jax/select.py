@@ -30,7 +30,7 @@ import numpy as np
 
 from lax_ir.interface import adapt
 from lax_ir.program import Program
-from mirage_jax.lower.kernel_graph import LOOP_SPLIT, WARPS
+from mirage_jax.lower.kernel_graph import FULL_RANK, LOOP_SPLIT, WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.cost import stored_axes
@@ -40,6 +40,7 @@ from mirage_jax.search.order import timing_order
 from mirage_jax.tuning import (
     SMALL_TUNING_US,
     combine_variants,
+    full_rank_differs,
     split_depth_variants,
     split_variants,
     warp_variants,
@@ -276,7 +277,8 @@ def select(
             on the region's own inputs (so the stored views and loads are checked too).
         tune_warps: also time the fastest µGraph with 8 warps per block (`warp_variants`, its
             meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
-            loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); a decode
+            loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); on Triton,
+            at its tiles' full rank where that differs (`full_rank_differs`, `FULL_RANK`); a decode
             GEMV also at numbers that read its weights in wide tiles (`wide_variants`), and a
             split's combine over more blocks (`combine_variants`) and, on Triton, the split
             over more parts (`split_depth_variants`): µGraphs of their own, timed
@@ -446,6 +448,8 @@ def select(
             (f"{c.label} with its loop in {s} parts", {LOOP_SPLIT: s})
             for s in (split_variants(base, backend) if small else [])
         ]
+        if full_rank_differs(base, backend):
+            tuned.append((f"{c.label} at its tiles' full rank", {FULL_RANK: True}))
         variants = [
             (label, MuGraph(base.ops, base.outputs, {**base.meta, **m})) for label, m in tuned
         ]

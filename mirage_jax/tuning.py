@@ -1,7 +1,7 @@
 """The variants `select(tune_warps=True)` times a region's fastest µGraph with.
 
 The kernels' knobs that the µGraph does not fix (warps per block, a loop split over the grid)
-ride in its meta (`kernel_graph.WARPS`, `LOOP_SPLIT`), which the lowering reads when given no
+ride in its meta (`kernel_graph.WARPS`, `LOOP_SPLIT`, `FULL_RANK`), which the lowering reads when given no
 config; `select` times each variant these name and keeps the fastest.
 """
 
@@ -75,6 +75,22 @@ def warp_variants(g: MuGraph, few: bool = True) -> list[int | tuple[int, ...]]:
         for launch in launches:
             out.append(tuple(TUNED_WARPS if i in launch else default for i in kernels))
     return out
+
+
+def full_rank_differs(g: MuGraph, backend: str) -> bool:
+    """Does a kernel of `g` lower otherwise at its tiles' full rank (`TritonConfig.squeeze`)?
+    Then `select(tune_warps=True)` times it so too: on the H100 (2026-11-27) squeezed tiles
+    took sdpa b=8's attention from 32.7 to 26.9 µs, but its causal form (a bias tile added to
+    the scores) from 42.1 to 55.1 µs."""
+    if backend != "triton":
+        return False
+    from mirage_jax.lower.kernel_graph import plan
+    from mirage_jax.lower.squeeze import squeezed
+
+    try:
+        return any(squeezed(p)[1] for p in plan(g).values())
+    except LoweringError:
+        return False
 
 
 def split_variants(g: MuGraph, backend: str) -> list[int]:

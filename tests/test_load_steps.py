@@ -87,8 +87,24 @@ def test_load_steps_give_the_same_function_of_the_unshifted_input():
     for a, b in zip(got, want):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert with_load_steps(g, {}) is g
-    with pytest.raises(ValueError, match="scale"):
-        with_load_steps(g, {1: (("scale", 2.0),)})
+    with pytest.raises(ValueError, match="clip"):
+        with_load_steps(g, {1: (("clip", 2.0),)})
+
+
+def test_scales_and_shifts_are_applied_on_load_in_their_order():
+    """Attention's 1/sqrt(d) on the queries, then a shift: mul_scalar, then add_scalar, in the
+    kernel and before the pre-defined op; the same function of the input without them."""
+    g = _graph()
+    steps = (("scale", 0.125), ("shift", 1.0))
+    both = with_load_steps(g, {1: steps})
+    bg = next(op.block_graph for op in both.ops if op.block_graph is not None)
+    assert [o.op for o in bg.ops] == ["mul_scalar", "add_scalar", "mul", "accum_sum"]
+    r = np.random.default_rng(2)
+    x = r.normal(size=(4, 8)).astype(np.float16)
+    gain = r.normal(size=(1, 8)).astype(np.float16)
+    want = evaluate(g, x, (gain * np.float16(0.125) + np.float16(1.0)).astype(np.float16))
+    for a, b in zip(evaluate(both, x, gain), want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @functools.cache

@@ -231,6 +231,64 @@ def test_a_region_kernel_reads_gemmas_weight_in_place_with_xlas_derivatives():
     )
 
 
+def _gqa(q, k, v):
+    """`jax.nn.dot_product_attention` with 4 query heads over 2 KV heads, as users call it."""
+    return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+
+
+def test_a_region_kernel_writes_grouped_attention_in_the_programs_layout():
+    """The attention region of a GQA call (`region_kernel`, Triton interpreted, with the steps
+    the program applies after it): its (B, kv heads, T * groups, D) output is written through a
+    split view as the (B, T, heads, D) array the program returns; values and the gradient
+    through the written view are the program's."""
+    from types import SimpleNamespace
+
+    from lax_ir.views import layout_after
+    from mirage_jax.regions import region_kernel, stored_views
+    from mirage_jax.search import Budget, search
+
+    pytest.importorskip("triton")
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 16, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 16, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 16, 2, 16)).astype(np.float32)
+    part = lax_ir.partition(lax_ir.capture(_gqa, q, k, v))
+    (region,) = [r for r in part.regions if "exp" in r.program.op_counts()]
+    inside = {i for r in part.regions for i in r.nodes}
+    xla = set(range(len(part.program.nodes))) - inside
+    after = [layout_after(part.program, o, xla) for o in region.outputs]
+    st = stored_views(region.program, "triton", after)
+    assert isinstance(st.outputs[0][0], SplitView), st.outputs
+    res = search(region.program, budget=Budget(time_s=60, max_candidates=4), seed=0, workers=1)
+    decision = SimpleNamespace(mugraph=res.mugraphs[0], verification=None, cache_key="t")
+    fn = region_kernel(decision, region, "triton", None, strict=True, after=after)
+    assert callable(fn), fn
+    nodes, ins = part.program.nodes, part.program.inputs
+
+    def value(i, qq):  # the region's input i: a program input, or a reshape of one
+        if i in ins:
+            return (qq, k, v)[ins.index(i)]
+        assert nodes[i].op == "reshape", nodes[i]
+        return value(nodes[i].args[0], qq).reshape(nodes[i].shape)
+
+    def with_q(fun):
+        def run(qq):
+            got = fun(*[value(i, qq) for i in region.inputs])[0]
+            return apply_ops(got, after[0])
+
+        return run
+
+    want = np.asarray(jax.jit(_gqa)(q, k, v))
+    np.testing.assert_allclose(np.asarray(with_q(fn)(q)), want, rtol=1e-4, atol=1e-4)
+    loss = lambda fun: lambda qq: jnp.sum(jnp.sin(fun(qq)))  # noqa: E731
+    np.testing.assert_allclose(
+        np.asarray(jax.grad(loss(with_q(fn)))(q)),
+        np.asarray(jax.grad(loss(lambda qq: _gqa(qq, k, v)))(q)),
+        1e-4,
+        1e-4,
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(SPLITS))
 def test_gpu_triton_reads_a_split_view_in_place(case):

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lax_ir.interface import apply_ops
+from lax_ir.interface import SplitView, apply_ops, read_view, write_view
 from lax_ir.views import free_reshape, input_view, output_view, shape_after, view
 
 GEMMA_K = (("transpose", (0, 2, 1, 3)), ("reshape", (2, 512, 128)), ("transpose", (0, 2, 1)))
@@ -101,14 +101,14 @@ GPT2_AFTER = (("transpose", (0, 3, 1, 2)), ("reshape", (1, 512, 1024)))
 
 
 def _written(shape, out_ops, after, got) -> None:
-    """The kernel's array is the output permuted; the region's output is it reshaped and
-    transposed once; what the program makes of it is it reshaped."""
-    perm, (stored, once) = got
+    """The kernel's array reads as the output through the view; the region's output is it
+    with the steps applied; what the program makes of it is the array itself, reshaped."""
+    v, steps = got
     c = np.arange(int(np.prod(shape))).reshape(shape)
-    written = np.transpose(c, np.argsort(perm))
-    np.testing.assert_array_equal(written.transpose(perm), c)
+    written = write_view(c, v)
+    np.testing.assert_array_equal(read_view(written, v), c)
     region = apply_ops(c, out_ops)
-    np.testing.assert_array_equal(written.reshape(stored).transpose(once), region)
+    np.testing.assert_array_equal(apply_ops(written, steps), region)
     final = apply_ops(region, after)
     np.testing.assert_array_equal(written.reshape(final.shape), final)
 
@@ -118,7 +118,28 @@ def test_attention_output_is_written_in_the_layout_the_program_wants():
     written (T, heads, D), after which no data moves."""
     got = output_view((16, 512, 64), GPT2_OUT, GPT2_AFTER)
     assert got is not None and got[0] == (1, 0, 2)
+    assert [op for op, _ in got[1]] == ["reshape", "transpose"]
     _written((16, 512, 64), GPT2_OUT, GPT2_AFTER, got)
+
+
+SDPA_OUT = (("reshape", (8, 2, 512, 4, 128)), ("transpose", (0, 1, 4, 3, 2)))
+SDPA_AFTER = (
+    ("transpose", (3, 0, 4, 1, 2)),
+    ("transpose", (1, 2, 3, 0, 4)),
+    ("reshape", (8, 512, 8, 128)),
+)
+
+
+def test_a_grouped_attention_output_is_written_through_a_split_view():
+    """sdpa's GQA output (B, kv heads, T * groups, D), rows (token, group), which the program
+    lays out (B, T, heads, D): the rows' two parts are apart there (token outside the kv head,
+    group inside it), so the kernel writes the program's array through a split view."""
+    got = output_view((8, 2, 2048, 128), SDPA_OUT, SDPA_AFTER)
+    assert got is not None
+    v, steps = got
+    assert isinstance(v, SplitView) and v.runs == ((8,), (2,), (512, 4), (128,))
+    assert v.perm == (0, 2, 1, 3, 4) and steps[0] == ("reshape", (8, 512, 8, 128))
+    _written((8, 2, 2048, 128), SDPA_OUT, SDPA_AFTER, got)
 
 
 def test_outputs_that_gain_nothing_or_would_not_coalesce_are_left_alone():
@@ -126,9 +147,17 @@ def test_outputs_that_gain_nothing_or_would_not_coalesce_are_left_alone():
     assert output_view((16, 512, 64), (), (("reshape", (16, 512 * 64)),)) is None
     # the program wants D outermost: stores along D would not coalesce
     assert output_view((16, 512, 64), (), (("transpose", (2, 0, 1)),)) is None
-    # a reshape before the transpose: XLA would not fold the transposes together
-    after = (("reshape", (1, 16, 512, 64)), ("transpose", (0, 2, 1, 3)))
+    after = (("reshape", (4, 4, 512, 64)), ("transpose", (1, 0, 3, 2)))
     assert output_view((16, 512, 64), (), after) is None
+
+
+def test_a_reshape_before_the_transpose_is_written_through_a_split_view():
+    """A reshape first: not the permuted form, whose one transpose XLA folds into those that
+    follow; the program's own array is written instead, whatever the steps in between."""
+    after = (("reshape", (1, 16, 512, 64)), ("transpose", (0, 2, 1, 3)))
+    got = output_view((16, 512, 64), (), after)
+    assert got is not None and isinstance(got[0], SplitView)
+    _written((16, 512, 64), (), after, got)
 
 
 @settings(max_examples=300, deadline=None)
@@ -140,6 +169,8 @@ def test_every_output_view_found_is_the_same_arrays(chain, data):
     after = (("transpose", perm),)
     if data.draw(st.booleans()):
         after += (("reshape", (int(np.prod(cur)),)),)
+    if data.draw(st.booleans()):
+        after = (("reshape", (*cur[:-1], 1, cur[-1])), ("transpose", (*perm, len(cur))))
     got = output_view(shape, out_ops, after)
     if got is not None:
         _written(shape, out_ops, after, got)

@@ -15,11 +15,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lax_ir import FloatAlgebra
-from lax_ir.interface import Views, inverse, read_view, view_stored_shape
+from lax_ir.interface import SplitView, View, Views, read_view, view_stored_shape, write_view
 from lax_ir.layouts import swap_perm
 from mirage_jax.lower import backends
+from mirage_jax.lower.masked_steps import skippable, step_bounds
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.lower.retile import retile
@@ -32,6 +34,12 @@ WARPS = "num_warps"
 LOOP_SPLIT = "loop_split"
 """µGraph meta key: the parts a kernel's loop is split into over the grid, for kernels lowered
 with no config by a backend that can (`TritonConfig.loop_split`; `select` times them)."""
+
+
+FULL_RANK = "full_rank"
+"""µGraph meta key: True where kernels keep their block graphs' tile rank, for kernels lowered
+with no config by a backend that would drop unit leading dims (`TritonConfig.squeeze`; `select`
+times both)."""
 
 
 def kernel_warps(mugraph: MuGraph, plans: Mapping[int, Any]) -> dict[int, int]:
@@ -107,6 +115,7 @@ def lower(
     views: Views | Collection[int] = frozenset(),
     out_views: Views | None = None,
     out_dtypes: Mapping[int, str] | None = None,
+    known: Mapping[int, np.ndarray] | None = None,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """Lower a µGraph to a jitted JAX function of its inputs returning a tuple of its outputs.
 
@@ -116,11 +125,15 @@ def lower(
     axes exchanged), or the stored array read through a `SplitView`. Kernels of a backend that
     can (`VIEWS`) read them in place; every other reader gets them laid out by XLA. Outputs at
     the positions in `out_views` are returned as stored: the array whose
-    `transpose(out_views[pos])` is the output, written so in place by a kernel of such a backend
-    that produces it alone (`triton`), else transposed by XLA. Outputs at the positions in
-    `out_dtypes` that are wider floats are returned rounded to that dtype (the region's own: a
-    µGraph may keep an fp32 accumulator as its output), stored so by the kernel that produces it
-    alone where the backend can (`NARROW_STORES`), else rounded by XLA.
+    `transpose(out_views[pos])` is the output (or that a `SplitView` reads as it), written so in
+    place by a kernel of such a backend that produces it alone (`triton`), else laid out by
+    XLA. Outputs at the positions in `out_dtypes` that are wider floats are returned rounded
+    to that dtype (the region's own: a µGraph may keep an fp32 accumulator as its output),
+    stored so by the kernel that produces it alone where the backend can (`NARROW_STORES`),
+    else rounded by XLA. Inputs at the positions in `known` always have that value (a
+    constant of the program: a causal mask); a kernel of a backend that can (`bounds_refusal`)
+    skips the loop steps it masks whole (`masked_steps`). The function must then be called
+    with those values.
 
     Arguments:
         mugraph: the µGraph (validated first).
@@ -157,6 +170,9 @@ def lower(
         for i, w in (kernel_warps(mugraph, plans) if tuned else {}).items()
     }
     split = mugraph.meta.get(LOOP_SPLIT, 1) if tuned else getattr(config, "loop_split", 1)
+    if tuned and mugraph.meta.get(FULL_RANK) and hasattr(config, "squeeze"):
+        for i in plans:
+            configs[i] = dataclasses.replace(configs.get(i, config), squeeze=False)
     refusal = getattr(mod, "SPLIT_REFUSAL", None)
     if refusal is not None and split > 1:  # a split loop where the plan allows it
         for i, p in plans.items():
@@ -192,6 +208,9 @@ def lower(
             extra["out_dtypes"] = narrowed[i]
         where = f"kernel op {i} (graph_defined)"
         cfg = configs.get(i, config)
+        table = _step_bounds(mugraph, i, p, cfg, mod, known or {})
+        if table is not None:
+            extra["steps"] = table
         kernels[i] = mod.build_kernel(p, cfg, interpret=interpret, where=where, **extra)
     launch = None  # the kernels of `group`, launched as one (`MuGraph.one_launch`)
     if group:
@@ -250,7 +269,7 @@ def lower(
         outs = [
             env[r]
             if pos not in out_views or r[1] in written.get(r[0], {})
-            else jnp.transpose(env[r], inverse(out_views[pos]))
+            else write_view(env[r], out_views[pos])
             for pos, r in enumerate(outputs)
         ]
         return tuple(_narrow(y, (out_dtypes or {}).get(pos)) for pos, y in enumerate(outs))
@@ -287,14 +306,33 @@ def _narrowed(
     return out
 
 
+def _step_bounds(
+    mugraph: MuGraph, i: int, p: Any, config: Any, mod: Any, known: Mapping[int, np.ndarray]
+) -> np.ndarray | None:
+    """The table of loop steps kernel op i may walk (`masked_steps.step_bounds`) from the first
+    of its inputs with a known value that masks steps whole; None where none does, or the
+    backend cannot (`bounds_refusal`)."""
+    refusal = getattr(mod, "bounds_refusal", None)
+    if not known or refusal is None or refusal(p, config) is not None:
+        return None
+    at = {mugraph.inputs[pos]: value for pos, value in known.items()}
+    for k, a in enumerate(mugraph.ops[i].args):
+        if a[0] in at and skippable(p, k):
+            table = step_bounds(p, k, at[a[0]])
+            if table is not None:
+                return table
+    return None
+
+
 def _written_in_place(
     mugraph: MuGraph, out_views: Views, plans: Mapping[int, Any], group: Sequence[int]
-) -> dict[int, dict[int, tuple[int, ...]]]:
-    """kernel op id -> {its output j: permutation} for the µGraph outputs in `out_views` that
-    a kernel launched alone produces and nothing else in the µGraph reads."""
-    out: dict[int, dict[int, tuple[int, ...]]] = {}
+) -> dict[int, dict[int, View]]:
+    """kernel op id -> {its output j: view} for the µGraph outputs in `out_views` that a kernel
+    launched alone produces and nothing else in the µGraph reads."""
+    out: dict[int, dict[int, View]] = {}
     for pos, (i, j) in _sole_outputs(mugraph, out_views, plans, group):
-        out.setdefault(i, {})[j] = tuple(out_views[pos])
+        v = out_views[pos]
+        out.setdefault(i, {})[j] = v if isinstance(v, SplitView) else tuple(v)
     return out
 
 

@@ -30,7 +30,7 @@ def _digits(index: str, parts: Sequence[tuple[int, int]]) -> str:
 
 
 def tile_access(
-    dims, pids: list[str], view: View | None = None
+    dims, pids: list[str], view: View | None = None, drop: int = 0
 ) -> tuple[str, Callable[[str], str], str, str | None]:
     """(block base offset, the loop step's offset as a function of the step, lane offsets,
     mask) source of one tile.
@@ -39,10 +39,17 @@ def tile_access(
     as Wᵀ, a cache stored (B, S, heads, D) read as Kᵀ per head, Gemma's (heads, D, head_dim)
     query weight read as (D, heads * head_dim)): the same logical tile, read through the stored
     array's strides. An axis made of stored axes apart (`SplitView`) is addressed per element,
-    by its digits of the index."""
+    by its digits of the index. The lanes have the rank of the tile without its first `drop`
+    dims (each held once: `squeeze.squeezed`), which still place it through the grid."""
     sizes = tuple(d.size for d in dims)
     parts = view_strides(sizes, view if view is not None else tuple(range(len(sizes))))
     pads = tuple(d.pad for d in dims)
+    if any(p != 1 for p in pads[:drop]):
+        raise ValueError(f"tile {pads}: its first {drop} dims are not held once")
+
+    def lane_of(k: int) -> str:
+        return "0" if k < drop else lane(pads[drop:], k - drop)
+
     base, step, offs = [], [], []
     split: list[tuple[int, Any, tuple[tuple[int, int], ...]]] = []
     for k, (d, dparts) in enumerate(zip(dims, parts)):
@@ -54,13 +61,12 @@ def tile_access(
             base.append(f"{pids[d.axis]} * {d.extent * s}")
         if d.loop:
             step.append(f"{d.tile * s}")
-        offs.append(f"{lane(pads, k)} * {s}")
+        if k >= drop:
+            offs.append(f"{lane_of(k)} * {s}")
     for k, d, dparts in split:
         if d.loop:
             continue  # addressed per step below
-        index = (
-            lane(pads, k) if d.axis is None else f"{pids[d.axis]} * {d.extent} + {lane(pads, k)}"
-        )
+        index = lane_of(k) if d.axis is None else f"{pids[d.axis]} * {d.extent} + {lane_of(k)}"
         offs.append(_digits(index, dparts))
     looped = [(k, d, dparts) for k, d, dparts in split if d.loop]
     linear = " + ".join(step)
@@ -69,10 +75,10 @@ def tile_access(
         terms = [f"({at}) * ({linear})"] if linear else []
         for k, d, dparts in looped:
             first = "" if d.axis is None else f"{pids[d.axis]} * {d.extent} + "
-            terms.append(_digits(f"{first}({at}) * {d.tile} + {lane(pads, k)}", dparts))
+            terms.append(_digits(f"{first}({at}) * {d.tile} + {lane_of(k)}", dparts))
         return " + ".join(terms) or "0"
 
-    masks = [f"({lane(pads, k)} < {d.tile})" for k, d in enumerate(dims) if d.masked]
+    masks = [f"({lane_of(k)} < {d.tile})" for k, d in enumerate(dims) if d.masked]
     return (
         " + ".join(base) or "0",
         at_step,

@@ -208,8 +208,10 @@ def _dot(c: OpCtx, a: str, b: str, ia: int, ib: int, path: str) -> str:
     narrow = matmul_operand_dtype([c.plan.dtype(x) for x in c.args])
     if narrow:  # mixed widths: operands rounded to the narrow dtype (the op's float meaning)
         a, b = (f"{x}.to({TL_DTYPES[narrow]})" for x in (a, b))
-    a2 = f"tl.reshape({c.masked(a, ia, (-1,), '0.0')}, ({m}, {k}))"
-    b2 = f"tl.reshape({c.masked(b, ib, (-2,), '0.0')}, ({k}, {n}))"
+    a2, b2 = c.masked(a, ia, (-1,), "0.0"), c.masked(b, ib, (-2,), "0.0")
+    flat = len(pa) == len(pb) == len(c.pad) == 2  # 2-D tiles (`squeeze`): no reshapes
+    if not flat:
+        a2, b2 = f"tl.reshape({a2}, ({m}, {k}))", f"tl.reshape({b2}, ({k}, {n}))"
     if path == "outer":  # K = 1: broadcast (.., M, 1) * (.., 1, N) at full rank, no reshape
         if narrow:
             return f"{a}.to(tl.float32) * {b}.to(tl.float32)"
@@ -220,7 +222,7 @@ def _dot(c: OpCtx, a: str, b: str, ia: int, ib: int, path: str) -> str:
         dt = narrow or c.dtype
         prec = ', input_precision="ieee"' if dt == "float32" else ""
         out = f"tl.dot({a2}.to({TL_DTYPES[dt]}), {b2}.to({TL_DTYPES[dt]}){prec})"
-    return f"tl.reshape({out}, {_shape(c.pad)})"
+    return out if flat else f"tl.reshape({out}, {_shape(c.pad)})"
 
 
 @registry.register(BACKEND, "matmul")
@@ -348,12 +350,11 @@ registry.add(
 
 
 def _rescale(last: bool):
-    def update(c: OpCtx, s: str, x: str, m: str, old: str, new: str) -> str:
-        factor = f"tl.math.exp2(({c.f32(m, 1)} - {new}) * {LOG2E!r})"
-        if last:  # the shift is constant along the summed dim: sum, then rescale the sums
-            y = f"{_sum_last(c, c.f32(x, 0))} * {factor}"
-        else:
-            y = f"{c.f32(x, 0)} * {factor}"
+    def update(c: OpCtx, s: str, x: str, m: str | None, old: str, new: str) -> str:
+        """m None: x was computed with the running max itself (`running_max`): factor 1."""
+        y = _sum_last(c, c.f32(x, 0)) if last else c.f32(x, 0)
+        if m is not None:  # last: the shift is constant along the summed dim: sum, then rescale
+            y = f"{y} * tl.math.exp2(({c.f32(m, 1)} - {new}) * {LOG2E!r})"
         return f"{s} * tl.math.exp2(({old} - {new}) * {LOG2E!r}) + {y}"
 
     return update

@@ -94,6 +94,9 @@ def _interpretable_stdlib(scope: Any) -> None:
         for name, member in list(vars(mod).items()):
             if isinstance(member, JITFunction) and id(member) not in keep:
                 scope.set_attr(mod, name, Interpreted(member.fn))
+    # a scalar loaded at run time (a loop bound) holds one element, not a 0-d array: numpy 2
+    # refuses int() of it, which the interpreter's `range` needs
+    scope.set_attr(tl.core.tensor, "__index__", lambda self: int(np.ravel(self.handle.data)[0]))
 
 
 def interpret_kernel(fn: Any, grid: tuple[int, ...], *arrays: np.ndarray, **constants: Any) -> None:

@@ -1,11 +1,13 @@
 """Interface steps a µGraph's kernels apply where they load an input, instead of XLA before them.
 
-A region whose input is shifted by a constant (`lax_ir.layouts`: Gemma's `1 + scale` norm gain)
-is searched with the shifted value as its input, so the search spends no block op on it. Left
-to XLA, the shift of a parameter is a kernel launch of its own on every call; `with_load_steps`
-gives the µGraph that takes the input as stored and adds the constant in each kernel that
-reads it: one `add_scalar` block op after the block input (rounded to the input's dtype, as
-XLA's add is), or, for a pre-defined kernel op, one kernel-level `add_scalar` before it.
+A region whose input is shifted or scaled by a constant (`lax_ir.layouts`: Gemma's `1 + scale`
+norm gain; attention's 1/sqrt(d), moved from the scores onto the queries) is searched with the
+changed value as its input, so the search spends no block op on it. Left to XLA, the step is a
+kernel launch of its own on every call, and it keeps the kernel from reading a permuted input
+in place; `with_load_steps` gives the µGraph that takes the input as stored and applies the
+constant in each kernel that reads it: one `add_scalar` / `mul_scalar` block op after the block
+input (rounded to the input's dtype, as XLA's is), or, for a pre-defined kernel op, one such
+kernel-level op before it.
 """
 
 from __future__ import annotations
@@ -21,19 +23,22 @@ from mirage_jax.mugraph.graph import (
     make_params,
 )
 
-LOAD_STEPS = ("shift",)
-"""Interface steps a kernel can apply where it loads an input (x + c, in x's dtype)."""
+LOAD_STEPS = {"shift": "add_scalar", "scale": "mul_scalar"}
+"""Interface steps a kernel can apply where it loads an input (x + c, x · c, in x's dtype), and
+the op that applies each."""
+
+Step = tuple[str, float]
 
 
-def _block_shifted(bg: BlockGraph, shifts: Mapping[int, Sequence[float]]) -> BlockGraph:
-    """`bg` with block input j shifted by each constant of `shifts[j]` before any op reads it."""
+def _block_shifted(bg: BlockGraph, shifts: Mapping[int, Sequence[Step]]) -> BlockGraph:
+    """`bg` with the steps `shifts[j]` applied to block input j before any op reads it."""
     n_in = len(bg.inputs)
     front: list[BlockOp] = []
     now: dict[int, int] = {}  # block input -> the tensor that holds it shifted
     for j in sorted(shifts):
         t = j
-        for c in shifts[j]:
-            front.append(BlockOp("add_scalar", (t,), make_params(scalar=float(c))))
+        for kind, c in shifts[j]:
+            front.append(BlockOp(LOAD_STEPS[kind], (t,), make_params(scalar=float(c))))
             t = n_in + len(front) - 1
         now[j] = t
     m = len(front)
@@ -46,9 +51,10 @@ def _block_shifted(bg: BlockGraph, shifts: Mapping[int, Sequence[float]]) -> Blo
     return BlockGraph(bg.grid, bg.forloop_range, bg.inputs, tuple(ops), outs)
 
 
-def with_load_steps(g: MuGraph, steps: Mapping[int, Sequence[tuple[str, float]]]) -> MuGraph:
-    """`g` taking input k without its load steps `steps[k]` (("shift", c) only) and applying them
-    in the kernels that read it; the same function of the unshifted inputs."""
+def with_load_steps(g: MuGraph, steps: Mapping[int, Sequence[Step]]) -> MuGraph:
+    """`g` taking input k without its load steps `steps[k]` (("shift", c), ("scale", c)) and
+    applying them, in order, in the kernels that read it; the same function of the inputs
+    without them."""
     if not steps:
         return g
     for k, st in steps.items():
@@ -56,7 +62,7 @@ def with_load_steps(g: MuGraph, steps: Mapping[int, Sequence[tuple[str, float]]]
         if bad:
             raise ValueError(f"input {k}: step {bad[0]!r} is not one a kernel applies on load")
     shift_of = {
-        (i, 0): tuple(float(c) for _, c in steps[op.param("index")])
+        (i, 0): tuple((kind, float(c)) for kind, c in steps[op.param("index")])
         for i, op in enumerate(g.ops)
         if op.op == "input" and steps.get(op.param("index"))
     }
@@ -81,8 +87,8 @@ def with_load_steps(g: MuGraph, steps: Mapping[int, Sequence[tuple[str, float]]]
         where[i] = len(new) - 1
         if (i, 0) in shift_of and (i, 0) in readers:
             r = ref((i, 0))
-            for c in shift_of[(i, 0)]:
-                new.append(KernelOp("add_scalar", (r,), make_params(scalar=c)))
+            for kind, c in shift_of[(i, 0)]:
+                new.append(KernelOp(LOAD_STEPS[kind], (r,), make_params(scalar=c)))
                 r = (len(new) - 1, 0)
             shifted[(i, 0)] = r
     out = MuGraph.build(new, tuple(ref(r) for r in g.outputs), g.meta)

@@ -1,0 +1,106 @@
+"""Loop steps a kernel may skip because a constant input masks them whole.
+
+A causal attention's mask reaches its region as a constant bias: 0 where a query may see a
+key, a huge negative number elsewhere (`jax.nn.dot_product_attention(is_causal=True)` uses
+0.7 × float32's lowest, GPT-2's `where(tril, att, -inf)` −inf). The kernel adds it to the
+scores of each step of its loop over keys. Where a block's tile of the bias is masked
+throughout (at most `MASKED`), and every query row sees some key, that step adds nothing the
+online softmax keeps: its exps are exp(−1e30 or less) = 0 beside the row's final max, or, if
+computed while the running max was itself masked, rescaled by exp(masked max − final max) = 0
+later. So the output is the same to the bit without it: half the steps of a causal prefill.
+
+`step_bounds` finds, per block, the first and last step whose tile is not masked throughout,
+from the constant's value, for kernels whose accumulators are the online softmax's alone
+(`skippable`); the Triton generator then loops over that range only, reading the bounds from a
+small table the kernel takes as an input. (Exact for scores below 1e29 in magnitude.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mirage_jax.lower.plan import KernelPlan
+from mirage_jax.lower.running_max import RESCALED, depends, running_shifts
+
+MAX_ELEMENTS = 1 << 26
+"""Constants larger than this (canonical elements) are not inspected."""
+
+MASKED = -1e30
+"""A bias entry at most this masks its score (−inf, or a finite stand-in for it)."""
+
+
+def skippable(plan: KernelPlan, k: int) -> bool:
+    """May the kernel skip the loop steps where block input k is masked throughout? Where every
+    accumulator is the online softmax's (a running max, or a sum rescaled by it with its values
+    linear in the exps: `running_max.running_shifts`), and each softmax's scores are
+    `s + input k` with s free of input k, read by both its max and its `exp(· − max)`."""
+    if plan.forloop_range == 1 or plan.bg.inputs[k].forloop_dim is None:
+        return False
+    running = running_shifts(plan)
+    if not running:
+        return False
+    for t in plan.accumulators:
+        op = plan.op(t)
+        if op.op == "accum_max" and op.args[0] in running:
+            continue
+        if op.op in RESCALED and op.args[1] in running:
+            continue
+        return False
+    for m in running:
+        y = plan.op(m).args[0]
+        if y < plan.n_in:
+            return False
+        add = plan.op(y)
+        if add.op != "add" or add.args.count(k) != 1:
+            return False
+        other = add.args[1] if add.args[0] == k else add.args[0]
+        if depends(plan, other, k):
+            return False
+        for u in range(plan.n_in, plan.n_in + len(plan.bg.ops)):
+            op = plan.op(u)
+            if op.op == "sub" and op.args[1] == m and op.args[0] != y:
+                return False
+    return True
+
+
+def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | None:
+    """Per block (grid axis 0 fastest), [first, end) of the steps whose tile of block input k
+    (a constant, `value` as the kernel reads it) is not masked throughout, int32 (blocks, 2);
+    None where the tiles do not divide the value, a block's loop does not cover the keys whole, a row masks
+    every key, the value is too large, or no step can be skipped."""
+    dims = plan.inputs[k]
+    value = np.asarray(value)
+    if value.shape != tuple(d.size for d in dims) or value.size > MAX_ELEMENTS:
+        return None
+    if any(d.size % d.tile for d in dims):
+        return None  # (a padded tile's extra lanes are masked: its tile is `tile` elements)
+    (keys,) = [j for j, d in enumerate(dims) if d.loop]
+    if dims[keys].axis is not None:
+        return None  # a block sees part of each row's keys: its rows' maxes are not final
+    masked = value <= MASKED
+    if masked.all(axis=keys).any():
+        return None  # a row masks every key: its softmax is over the masked scores themselves
+    split: list[int] = []
+    for d in dims:
+        split += [d.size // d.tile, d.tile]
+    dead = masked.reshape(split).all(axis=tuple(range(1, 2 * len(dims), 2)))
+    grid, F = plan.grid, plan.forloop_range
+    ids = np.arange(int(np.prod(grid)))
+    pid, rest = [], ids
+    for g in grid:
+        pid.append(rest % g)
+        rest = rest // g
+    steps = np.arange(F)
+    index = []
+    for d in dims:
+        at = pid[d.axis][:, None] if d.axis is not None else np.zeros((len(ids), 1), np.int64)
+        if d.loop:
+            index.append(at * F + steps[None, :])
+        else:
+            index.append(np.broadcast_to(at, (len(ids), F)))
+    live = ~dead[tuple(index)]  # (blocks, steps)
+    if live.all():
+        return None
+    first = np.where(live.any(axis=1), live.argmax(axis=1), 0)
+    end = np.where(live.any(axis=1), F - live[:, ::-1].argmax(axis=1), 0)
+    return np.stack([first, end], axis=1).astype(np.int32)

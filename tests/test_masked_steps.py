@@ -1,0 +1,170 @@
+"""Loop steps a constant mask hides whole are skipped (`lower.masked_steps`): a causal prefill's
+kernel walks, per block, only the key steps its queries may see, from a table of bounds the
+generator reads (`triton.build_kernel(steps=)`), with the same outputs and derivatives."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lax_ir
+from lax_ir.interface import apply_ops
+from lax_ir.views import layout_after
+from mirage_jax.lower import kernel_graph
+from mirage_jax.lower.kernel_graph import plan
+from mirage_jax.lower.masked_steps import MASKED, skippable, step_bounds
+from mirage_jax.mugraph import BlockGraphBuilder, MuGraphBuilder
+from mirage_jax.regions import canonical_constants, constant_inputs, region_kernel
+
+
+def _causal(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+
+def _attention_graph(T=64, S=64, H=16, tq=16, ts=16, extra_sum=False):
+    """softmax(q kᵀ + bias) v over a loop of S / ts key steps, q tiles of tq rows."""
+    f32 = "float32"
+    b = MuGraphBuilder()
+    q, kt, v = b.input((T, H), f32), b.input((H, S), f32), b.input((S, H), f32)
+    bias = b.input((T, S), f32)
+    bb = BlockGraphBuilder(grid=(T // tq,), forloop_range=S // ts)
+    tq_ = bb.input((T, H), f32, imap=(0,))
+    tk = bb.input((H, S), f32, imap=(None,), forloop_dim=1)
+    tv = bb.input((S, H), f32, imap=(None,), forloop_dim=0)
+    tb = bb.input((T, S), f32, imap=(0,), forloop_dim=1)
+    s = bb.op("add", bb.op("matmul", tq_, tk), tb)
+    m = bb.op("reduce_max", s, dim=1)
+    e = bb.op("exp", bb.op("sub", s, m))
+    big = bb.op("accum_max", m)
+    num = bb.op("accum_rescale_sum", bb.op("matmul", e, tv), m, big)
+    den = bb.op("accum_rescale_sum_last", e, m, big)
+    out = bb.op("div", num, den)
+    bb.output(out, omap=(0,))
+    if extra_sum:  # the exps summed as they are, not rescaled
+        bb.output(bb.op("accum_sum", e), omap=(0,))
+    outs = b.graph_defined([q, kt, v, bias], bb.build())
+    return b.build(list(outs))
+
+
+def _bias_arg(g, i) -> int:
+    """The kernel op i's argument that is the µGraph's input 3 (the bias)."""
+    return next(k for k, a in enumerate(g.ops[i].args) if g.ops[a[0]].param("index") == 3)
+
+
+def _causal_bias(T, S, value=-np.inf):
+    return np.where(np.tril(np.ones((T, S), bool)), 0.0, value).astype(np.float32)
+
+
+@pytest.mark.parametrize("fill", [-np.inf, float(np.finfo(np.float32).min) * 0.7])
+def test_a_causal_mask_bounds_each_blocks_steps_at_its_diagonal(fill):
+    g = _attention_graph()
+    ((i, p),) = plan(g).items()
+    k = _bias_arg(g, i)
+    assert skippable(p, k) and not any(skippable(p, j) for j in range(4) if j != k)
+    got = step_bounds(p, k, _causal_bias(64, 64, fill))
+    # q tile j (rows 16 j .. 16 j + 15) sees key steps 0 .. j
+    np.testing.assert_array_equal(got, [[0, j + 1] for j in range(4)])
+
+
+def test_nothing_is_skipped_where_it_would_not_be_exact():
+    g = _attention_graph()
+    ((i, p),) = plan(g).items()
+    k = _bias_arg(g, i)
+    bias = _causal_bias(64, 64)
+    assert step_bounds(p, k, bias) is not None
+    assert step_bounds(p, k, np.zeros((64, 64), np.float32)) is None  # no step masked whole
+    whole = bias.copy()
+    whole[5] = MASKED * 2  # a row that masks every key: its softmax is over masked scores
+    assert step_bounds(p, k, whole) is None
+    # another accumulator beside the softmax's: not every accumulator drops a masked step
+    g2 = _attention_graph(extra_sum=True)
+    ((i2, p2),) = plan(g2).items()
+    assert not skippable(p2, _bias_arg(g2, i2))
+
+
+def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_gradient(monkeypatch):
+    """`jax.nn.dot_product_attention(is_causal=True)`'s region, Triton interpreted: its folded
+    mask is known, the kernel walks bounded steps, and values and the gradient are XLA's."""
+    from mirage_jax.search import Budget, search
+
+    pytest.importorskip("triton")
+    tables = []
+    original = kernel_graph._step_bounds
+
+    def spy(*args):
+        got = original(*args)
+        tables.append(got)
+        return got
+
+    monkeypatch.setattr(kernel_graph, "_step_bounds", spy)
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 64, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 64, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 64, 2, 16)).astype(np.float32)
+    part = lax_ir.partition(lax_ir.capture(_causal, q, k, v))
+    (region,) = [r for r in part.regions if "exp" in r.program.op_counts()]
+    known = constant_inputs(part.program, region)
+    assert len(canonical_constants(region.program, known)) == 1
+    inside = {i for r in part.regions for i in r.nodes}
+    xla = set(range(len(part.program.nodes))) - inside
+    after = [layout_after(part.program, o, xla) for o in region.outputs]
+    res = search(region.program, budget=Budget(time_s=60, max_candidates=16), seed=0, workers=1)
+    g = next(g for g in res.mugraphs if len(plan(g)) == 1)  # one kernel: its loop sees all keys
+    decision = SimpleNamespace(mugraph=g, verification=None, cache_key="t")
+    fn = region_kernel(decision, region, "triton", None, True, after, known)
+    assert callable(fn), fn
+    assert any(t is not None and (t[:, 1] - t[:, 0]).min() < t[:, 1].max() for t in tables)
+    nodes, ins = part.program.nodes, part.program.inputs
+
+    def value(i, qq):
+        if i in ins:
+            return (qq, k, v)[ins.index(i)]
+        node = nodes[i]
+        if node.op == "constant":
+            return np.asarray(node.param("value").array)
+        return value(node.args[0], qq).reshape(node.shape)
+
+    def run(qq):
+        return apply_ops(fn(*[value(i, qq) for i in region.inputs])[0], after[0])
+
+    want = np.asarray(jax.jit(_causal)(q, k, v))
+    np.testing.assert_allclose(np.asarray(run(q)), want, rtol=1e-4, atol=1e-4)
+    loss = lambda f: lambda qq: jnp.sum(jnp.sin(f(qq)))  # noqa: E731
+    np.testing.assert_allclose(
+        np.asarray(jax.grad(loss(run))(q)),
+        np.asarray(jax.grad(loss(lambda qq: _causal(qq, k, v)))(q)),
+        1e-4,
+        1e-4,
+    )
+
+
+def _lowered_with_and_without_the_mask_known(interpret: bool):
+    from mirage_jax.lower import lower
+
+    g = _attention_graph()
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((64, 16)).astype(np.float32)
+    kt = rng.standard_normal((16, 64)).astype(np.float32)
+    v = rng.standard_normal((64, 16)).astype(np.float32)
+    bias = _causal_bias(64, 64)
+    plain = lower(g, backend="triton", interpret=interpret)
+    known = lower(g, backend="triton", interpret=interpret, known={3: bias})
+    return plain(q, kt, v, bias)[0], known(q, kt, v, bias)[0]
+
+
+def test_a_kernel_told_its_mask_gives_the_same_outputs():
+    pytest.importorskip("triton")
+    want, got = _lowered_with_and_without_the_mask_known(interpret=True)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.gpu
+def test_gpu_a_kernel_told_its_mask_gives_the_same_outputs():
+    """The same, compiled by Triton (a loop over runtime bounds) on the GPU."""
+    pytest.importorskip("jax_triton")
+    want, got = _lowered_with_and_without_the_mask_known(interpret=False)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
