@@ -522,7 +522,7 @@ def canonical_constants(program: Any, known: Mapping[int, np.ndarray]) -> dict[i
     out = {}
     for k, (pos, ops) in enumerate(interface["inputs"] if interface else ()):
         value = known.get(pos)
-        if value is None or value.dtype.kind != "f" or not (value <= MASKED).any():
+        if value is None or value.dtype.kind != "f" or not _masks(value):
             continue
         rest = _load_steps(ops)[0]  # the µGraph takes it without its load steps
         shape = program.input_avals[k][0]
@@ -531,9 +531,15 @@ def canonical_constants(program: Any, known: Mapping[int, np.ndarray]) -> dict[i
         out[k] = np.asarray(apply_ops(value, rest)).reshape(shape)
     if interface is None:
         for k, value in known.items():
-            if value.dtype.kind == "f" and (value <= MASKED).any():
+            if value.dtype.kind == "f" and _masks(value):
                 out[k] = value
     return out
+
+
+def _masks(value: np.ndarray) -> bool:
+    """Does a float constant hold an entry that masks a score (`masked_steps.MASKED`)?"""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool((value <= MASKED).any())
 
 
 def region_out_dtypes(program: Any, order: Sequence[int] | None = None) -> dict[int, str]:

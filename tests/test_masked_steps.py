@@ -66,8 +66,8 @@ def test_a_causal_mask_bounds_each_blocks_steps_at_its_diagonal(fill):
     k = _bias_arg(g, i)
     assert skippable(p, k) and not any(skippable(p, j) for j in range(4) if j != k)
     got = step_bounds(p, k, _causal_bias(64, 64, fill))
-    # q tile j (rows 16 j .. 16 j + 15) sees key steps 0 .. j
-    np.testing.assert_array_equal(got, [[0, j + 1] for j in range(4)])
+    # q tile j (rows 16 j .. 16 j + 15) sees key steps 0 .. j; the longest first
+    np.testing.assert_array_equal(got, [[j, 0, j + 1] for j in (3, 2, 1, 0)])
 
 
 def test_nothing_is_skipped_where_it_would_not_be_exact():
@@ -117,7 +117,7 @@ def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_grad
     decision = SimpleNamespace(mugraph=g, verification=None, cache_key="t")
     fn = region_kernel(decision, region, "triton", None, True, after, known)
     assert callable(fn), fn
-    assert any(t is not None and (t[:, 1] - t[:, 0]).min() < t[:, 1].max() for t in tables)
+    assert any(t is not None and (t[:, 2] - t[:, 1]).min() < t[:, 2].max() for t in tables)
     nodes, ins = part.program.nodes, part.program.inputs
 
     def value(i, qq):

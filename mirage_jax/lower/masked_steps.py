@@ -64,8 +64,10 @@ def skippable(plan: KernelPlan, k: int) -> bool:
 
 
 def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | None:
-    """Per block (grid axis 0 fastest), [first, end) of the steps whose tile of block input k
-    (a constant, `value` as the kernel reads it) is not masked throughout, int32 (blocks, 2);
+    """Per block, its row-major index in the grid and [first, end) of the steps whose tile of
+    block input k (a constant, `value` as the kernel reads it) is not masked throughout, int32
+    (blocks, 3), the blocks with the most steps first (so the longest start first, and the
+    short ones fill the GPU after them);
     None where the tiles do not divide the value, a block's loop does not cover the keys whole, a row masks
     every key, the value is too large, or no step can be skipped."""
     dims = plan.inputs[k]
@@ -77,7 +79,8 @@ def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | Non
     (keys,) = [j for j, d in enumerate(dims) if d.loop]
     if dims[keys].axis is not None:
         return None  # a block sees part of each row's keys: its rows' maxes are not final
-    masked = value <= MASKED
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN masks nothing; -1e30 is -inf in fp16
+        masked = value <= MASKED
     if masked.all(axis=keys).any():
         return None  # a row masks every key: its softmax is over the masked scores themselves
     split: list[int] = []
@@ -86,10 +89,7 @@ def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | Non
     dead = masked.reshape(split).all(axis=tuple(range(1, 2 * len(dims), 2)))
     grid, F = plan.grid, plan.forloop_range
     ids = np.arange(int(np.prod(grid)))
-    pid, rest = [], ids
-    for g in grid:
-        pid.append(rest % g)
-        rest = rest // g
+    pid = list(np.unravel_index(ids, grid))  # row-major, as the kernel reads its row
     steps = np.arange(F)
     index = []
     for d in dims:
@@ -103,4 +103,5 @@ def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | Non
         return None
     first = np.where(live.any(axis=1), live.argmax(axis=1), 0)
     end = np.where(live.any(axis=1), F - live[:, ::-1].argmax(axis=1), 0)
-    return np.stack([first, end], axis=1).astype(np.int32)
+    order = np.argsort(first - end, kind="stable")  # most steps first
+    return np.stack([ids, first, end], axis=1)[order].astype(np.int32)

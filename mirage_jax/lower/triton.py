@@ -116,15 +116,24 @@ def generate_source(
     in `views` are read as stored (`triton_access.tile_access`), and outputs in `out_views`
     written as stored (the array written is the one `out_views[j]`, a permutation or a
     `SplitView`, reads as the output); outputs in `out_dtypes` are stored in that dtype
-    (`lower(out_dtypes=)`). `bounded`: after the inputs, a table of each block's loop steps
-    ([first, end), int32, grid axis 0 fastest: `masked_steps.step_bounds`)."""
+    (`lower(out_dtypes=)`). `bounded`: after the inputs, a table of the blocks in launch order,
+    each row its grid position (row-major) and its loop's steps [first, end), int32
+    (`masked_steps.step_bounds`); the kernel is then launched over one axis of that many."""
     lines: list[str] = []
     emit = lines.append
     ins = [f"in{k}" for k in range(plan.n_in)] + (["steps"] if bounded else [])
     outs = [f"out{j}" for j in range(len(plan.bg.outputs))]
     emit("@triton.jit")
     emit(f"def {name}({', '.join(ins + outs)}):")
-    pids = _axis_pids(plan.grid, emit)
+    if bounded:
+        emit("    # this block's row of the table: its grid position, its steps (masked_steps)")
+        emit("    row = 3 * tl.program_id(0)")
+        emit("    block = tl.load(steps + row)")
+        emit("    first = tl.load(steps + row + 1)")
+        emit("    end = tl.load(steps + row + 2)")
+        pids = _flat_pids(plan.grid, "block", emit, "    ")
+    else:
+        pids = _axis_pids(plan.grid, emit)
     _body(
         plan, config, views or {}, emit, "", pids, "    ", out_views or {}, out_dtypes,
         bounded=bounded,
@@ -249,8 +258,8 @@ def _body(
     position in the expressions `pids`, indented by `ind`; outputs in `out_views` are written
     permuted, outputs in `out_dtypes` in that dtype. With `part`, one of the two launches of a
     kernel whose loop is split over the grid (`triton_split`). Tiles drop the leading dims
-    each holds once (`squeeze`). `bounded`: each block walks the steps its row of the table
-    `steps` names (`masked_steps`)."""
+    each holds once (`squeeze`). `bounded`: each block walks the steps `first`..`end`, read
+    from its row of the table `steps` (`generate_source`, `masked_steps`)."""
     plan, drop = squeezed(plan) if config.squeeze else (plan, 0)
     bg, n_in = plan.bg, plan.n_in
     access = {}
@@ -298,6 +307,9 @@ def _body(
     for t in op_ids:
         if plan.phases[t] == "pre" and t not in accs:
             compute(t, ind)
+    for t in _narrowed_before_loop(plan):  # rounded once, not by each step's dot
+        emit(f"{ind}{p}t{t} = {p}t{t}.to({TL_DTYPES[plan.dtype(t)]})  # as the loop's dots read it")
+        is_f32[t] = False
     for t in accs:
         emit(f"{ind}{p}acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
     if part is not None and part.mode == "finish":
@@ -319,11 +331,7 @@ def _body(
         why = bounds_refusal(plan, config) if part is None else "its loop is split"
         if why is not None:
             raise LoweringError(f"no table of loop steps: {why}")
-        block = " + ".join(f"{pids[a]} * {math.prod(plan.grid[:a])}" for a in range(len(pids)))
-        emit(f"{ind}# the steps whose constant mask is not -inf throughout (masked_steps)")
-        emit(f"{ind}{p}first = tl.load(steps + 2 * ({block}))")
-        emit(f"{ind}{p}end = tl.load(steps + 2 * ({block}) + 1)")
-    lo, hi = (f"{p}first", f"{p}end") if bounded else ("0", str(steps))
+    lo, hi = ("first", "end") if bounded else ("0", str(steps))
 
     def loop_head(indent: str, unroll: int = 1) -> None:
         rng = (
@@ -409,6 +417,25 @@ def _body(
         store_partials(plan, accs, emit, p, part, ind)
         return
     _epilogue(plan, drop, accs, emit, p, pids, ind, out_views, out_dtypes, is_f32, ctx_of, compute)
+
+
+def _narrowed_before_loop(plan: KernelPlan) -> list[int]:
+    """The loop-invariant op results of a 16-bit dtype that a dot in the loop reads (Q scaled on
+    load, in attention): held in their own dtype, which the dot rounds them to anyway."""
+    dots = [
+        t
+        for t in range(plan.n_in, plan.n_in + len(plan.bg.ops))
+        if plan.phases[t] == "loop" and plan.op(t).op in ("matmul", "concat_matmul")
+    ]
+    read = {a for t in dots for a in plan.op(t).args}
+    return [
+        t
+        for t in sorted(read)
+        if t >= plan.n_in
+        and plan.phases[t] == "pre"
+        and plan.dtype(t) in ("float16", "bfloat16")
+        and t not in plan.accumulators
+    ]
 
 
 def _epilogue(
@@ -542,7 +569,8 @@ def build_kernel(
         if why is not None:
             raise LoweringError(f"{where}: no table of loop steps: {why}")
         name, source = kernel_source(plan, config, views, out_views, out_dtypes, bounded=True)
-        run = launcher(name, source, out_shape, plan.grid, warps, stages, interpret, where)
+        blocks = (math.prod(plan.grid),)
+        run = launcher(name, source, out_shape, blocks, warps, stages, interpret, where)
         table = np.ascontiguousarray(steps, dtype=np.int32)
         return lambda *xs: run(*xs, table)
     if S == 1:
