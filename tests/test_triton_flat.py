@@ -114,7 +114,7 @@ def test_split_parts_probe_forms_compute_the_region(monkeypatch, once_per_run):
 
     import lax_ir
     from experiments.split_parts_probe import forms, lowered
-    from mirage_jax.lower import triton as tr
+    from mirage_jax.lower import triton_body
     from mirage_jax.select import random_inputs
     from tests import test_search
     from tests.test_search import kernels, searched
@@ -125,7 +125,7 @@ def test_split_parts_probe_forms_compute_the_region(monkeypatch, once_per_run):
         flat_kernels.append(args[1])
         return triton_flat.emit_flat(*args, **kwargs)
 
-    monkeypatch.setattr(tr, "emit_flat", counted)
+    monkeypatch.setattr(triton_body, "emit_flat", counted)
     monkeypatch.setitem(test_search._ONCE, "fn", once_per_run)
     p, r = searched("gqa_stable")
     g = next(g for g in r.mugraphs if len(kernels(g)) == 2 and "split" in g.meta["structure"])

@@ -26,12 +26,9 @@ from lax_ir.interface import View, view_stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelConfig, KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
-from mirage_jax.lower.running_max import running_shifts
-from mirage_jax.lower.squeeze import squeezed
-from mirage_jax.lower.triton_access import tile_access
-from mirage_jax.lower.triton_flat import emit_flat, flat_loop
-from mirage_jax.lower.triton_hoist import hoisted_statistics, main_loop_values, preloaded
-from mirage_jax.lower.triton_rules import BACKEND, TL_DTYPES, OpCtx
+from mirage_jax.lower.triton_body import body
+from mirage_jax.lower.triton_body import bounds_refusal as bounds_refusal
+from mirage_jax.lower.triton_rules import BACKEND
 from mirage_jax.lower.triton_runtime import compile_for as compile_for
 from mirage_jax.lower.triton_runtime import launcher
 from mirage_jax.lower.triton_split import (
@@ -39,8 +36,6 @@ from mirage_jax.lower.triton_split import (
     flat_block,
     partial_shapes,
     split_refusal,
-    store_partials,
-    sum_partials,
 )
 from mirage_jax.mugraph.ops import OPS
 
@@ -134,7 +129,7 @@ def generate_source(
         pids = _flat_pids(plan.grid, "block", emit, "    ")
     else:
         pids = _axis_pids(plan.grid, emit)
-    _body(
+    body(
         plan, config, views or {}, emit, "", pids, "    ", out_views or {}, out_dtypes,
         bounded=bounded,
     )  # fmt: skip
@@ -175,14 +170,14 @@ def generate_split_sources(
     emit(f"    block = pid // {S}")
     pids = _flat_pids(plan.grid, "block", emit, "    ")
     part = LoopPart("partial", S, "split", "block")
-    _body(plan, config, views or {}, emit, "", pids, "    ", part=part)
+    body(plan, config, views or {}, emit, "", pids, "    ", part=part)
     partial = _source(comments, lines)
     lines.clear()
     emit("@triton.jit")
     emit(f"def {name}_finish({', '.join(ins + parts + outs)}):")
     pids = _axis_pids(plan.grid, emit)
     part = LoopPart("finish", S, "", flat_block(plan.grid, pids))
-    _body(plan, config, views or {}, emit, "", pids, "    ", out_views or {}, out_dtypes, part)
+    body(plan, config, views or {}, emit, "", pids, "    ", out_views or {}, out_dtypes, part)
     return partial, _source(comments, lines)
 
 
@@ -231,7 +226,7 @@ def generate_group_source(
             pids = _flat_pids(plan.grid, f"k{i}_local", emit, "        ", f"k{i}_")
             if mode == "finish":
                 part = LoopPart("finish", S, "", f"k{i}_local")
-        _body(plan, config, views[i], emit, f"k{i}_", pids, "        ", part=part)
+        body(plan, config, views[i], emit, f"k{i}_", pids, "        ", part=part)
         start += n
     split = f", loops split in {S} parts ({mode} launch)" if mode else ""
     comments = [
@@ -239,239 +234,6 @@ def generate_group_source(
         f"# launched as one{split}; grids {[p.grid for p in plans]}; {config}; do not edit.",
     ]
     return _source(comments, lines)
-
-
-def _body(
-    plan: KernelPlan,
-    config: TritonConfig,
-    views: Mapping[int, View],
-    emit: Callable[[str], Any],
-    p: str,
-    pids: list[str],
-    ind: str,
-    out_views: Mapping[int, View] | None = None,
-    out_dtypes: Mapping[int, str] | None = None,
-    part: LoopPart | None = None,
-    bounded: bool = False,
-) -> None:
-    """Emit the statements of one planned kernel, its names prefixed with `p`, its grid
-    position in the expressions `pids`, indented by `ind`; outputs in `out_views` are written
-    permuted, outputs in `out_dtypes` in that dtype. With `part`, one of the two launches of a
-    kernel whose loop is split over the grid (`triton_split`). Tiles drop the leading dims
-    each holds once (`squeeze`). `bounded`: each block walks the steps `first`..`end`, read
-    from its row of the table `steps` (`generate_source`, `masked_steps`)."""
-    plan, drop = squeezed(plan) if config.squeeze else (plan, 0)
-    bg, n_in = plan.bg, plan.n_in
-    access = {}
-    for k, dims in enumerate(plan.inputs):
-        b = bg.inputs[k]
-        emit(
-            f"{ind}# {p}in{k}: {b.dtype}{list(b.shape)}, imap {b.imap}, forloop_dim "
-            f"{b.forloop_dim}, tile {list(plan.tile(k))} (padded {list(plan.pads[k])})"
-        )
-        if k in views:
-            emit(f"{ind}# {p}in{k} is stored as the array it is a view of: {views[k]}")
-        base, at_step, offs, mask = tile_access(dims, pids, views.get(k), drop)
-        emit(f"{ind}{p}in{k}_ptrs = {p}in{k} + {base} + {offs}")
-        if mask:
-            emit(f"{ind}{p}in{k}_mask = {mask}")
-        access[k] = (at_step, mask)
-    is_f32: dict[int, bool] = {}
-    it = f"{p}it"
-
-    def load(k: int, indent: str, at: str | None = None, name: str | None = None) -> None:
-        """Load input k's tile of step `at` (default: the loop's `it`) into `name`."""
-        at_step, mask = access[k]
-        offset = at_step(at or it)
-        ptr = f"{p}in{k}_ptrs" if offset == "0" else f"{p}in{k}_ptrs + {offset}"
-        m = f", mask={p}in{k}_mask, other=0.0" if mask else ""
-        emit(f"{indent}{name or f'{p}t{k}'} = tl.load({ptr}{m})")
-        is_f32[k] = bg.inputs[k].dtype == "float32"
-
-    def ctx_of(t: int) -> OpCtx:
-        op = plan.op(t)
-        return OpCtx(plan, t, op.args, dict(op.params), is_f32, prefix=p)
-
-    def compute(t: int, indent: str) -> None:
-        op = plan.op(t)
-        expr = registry.rule(BACKEND, op.op)(ctx_of(t), *[f"{p}t{a}" for a in op.args])
-        emit(f"{indent}{p}t{t} = {expr}  # {op.op} -> {list(plan.tile(t))}")
-        is_f32[t] = True
-
-    op_ids = range(n_in, n_in + len(bg.ops))
-    accs = plan.accumulators
-    emit(f"{ind}# before the for-loop: loop-invariant tiles")
-    for k in range(n_in):
-        if plan.phases[k] == "pre":
-            load(k, ind)
-    for t in op_ids:
-        if plan.phases[t] == "pre" and t not in accs:
-            compute(t, ind)
-    for t in _narrowed_before_loop(plan):  # rounded once, not by each step's dot
-        emit(f"{ind}{p}t{t} = {p}t{t}.to({TL_DTYPES[plan.dtype(t)]})  # as the loop's dots read it")
-        is_f32[t] = False
-    for t in accs:
-        emit(f"{ind}{p}acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
-    if part is not None and part.mode == "finish":
-        sum_partials(plan, accs, emit, p, part, ind)
-        _epilogue(
-            plan, drop, accs, emit, p, pids, ind, out_views, out_dtypes, is_f32, ctx_of, compute
-        )
-        return
-    F = plan.forloop_range
-    hoisted, need = hoisted_statistics(plan)
-    main = main_loop_values(plan, hoisted, need)
-    running = running_shifts(plan, hoisted)
-    steps = F if part is None else F // part.splits
-    # a split kernel's block walks steps first..first+steps-1 (`it` from a loop of its own)
-    loop_var = it if part is None else f"{p}step"
-    first = None if part is None else f"{part.split} * {steps}"
-
-    if bounded:
-        why = bounds_refusal(plan, config) if part is None else "its loop is split"
-        if why is not None:
-            raise LoweringError(f"no table of loop steps: {why}")
-    lo, hi = ("first", "end") if bounded else ("0", str(steps))
-
-    def loop_head(indent: str, unroll: int = 1) -> None:
-        rng = (
-            f"tl.range({lo}, {hi}, loop_unroll_factor={unroll})"
-            if unroll > 1
-            else f"tl.range({lo}, {hi})"  # runtime bounds (Triton's interpreter too)
-            if bounded
-            else f"range({lo}, {hi})"
-        )
-        emit(f"{indent}for {loop_var} in {rng}:")
-        if first is not None:
-            emit(f"{indent}    {it} = {first} + {loop_var}")
-
-    if part is None and flat_loop(plan, F, config.num_warps):
-        emit_flat(plan, F, emit, p, ind, access, is_f32)
-        _epilogue(
-            plan, drop, accs, emit, p, pids, ind, out_views, out_dtypes, is_f32, ctx_of, compute
-        )
-        return
-    preload = bool(hoisted) and preloaded(plan, need, steps, config.num_warps)
-    stats_inputs = [k for k in range(n_in) if k in need]
-    if preload:
-        emit(f"{ind}# the statistics' input tiles of every step, loaded before the main loop")
-        for j in range(steps):
-            for k in stats_inputs:
-                load(k, ind, str(j) if first is None else f"{first} + {j}", f"{p}pre{k}_{j}")
-    if F == 1:
-        inner = ind
-        emit(f"{ind}{it} = 0  # forloop_range 1: no loop")
-    else:
-        inner = ind + "    "
-        if part is not None:
-            emit(f"{ind}# this block's part of the loop: {steps} of its {F} steps")
-        loop_head(ind, min(config.loop_unroll, steps))
-    for k in range(n_in):
-        if plan.phases[k] == "loop" and k in main:
-            load(k, inner)
-    for t in op_ids:
-        if plan.phases[t] == "loop" and t in main:
-            compute(t, inner)
-            if t in running:
-                emit(f"{inner}{p}t{t} = tl.maximum({p}acc{running[t]}, {p}t{t})  # running max")
-    order = sorted(
-        (t for t in accs if t not in hoisted), key=lambda t: plan.op(t).op != "accum_max"
-    )
-
-    def updated(t: int) -> str:
-        """Accumulator t's update expression (rescaled ones read the running max's)."""
-        args = [f"{p}t{a}" for a in plan.op(t).args]
-        if t in plan.shifts:
-            big = plan.shifts[t]
-            m = None if plan.op(t).args[1] in running else args[1]
-            args = [args[0], m, f"{p}acc{big}", f"{p}new{big}"]
-        return registry.rule(BACKEND, plan.op(t).op).update(ctx_of(t), f"{p}acc{t}", *args)
-
-    for t in order:
-        emit(f"{inner}{p}new{t} = {updated(t)}  # {plan.op(t).op}")
-    for t in order:
-        emit(f"{inner}{p}acc{t} = {p}new{t}")
-    if F == 1 and not accs:
-        emit(f"{ind}pass")
-    if preload:  # summed after the dots' loop, from the tiles loaded before it
-        emit(f"{ind}# the statistics of small inputs, out of the dots' loop")
-        for j in range(steps):
-            for k in stats_inputs:
-                emit(f"{ind}{p}t{k} = {p}pre{k}_{j}")
-            for t in op_ids:
-                if t in need:
-                    compute(t, ind)
-            for t in hoisted:
-                emit(f"{ind}{p}acc{t} = {updated(t)}  # {plan.op(t).op}")
-    elif hoisted:  # after the dots' loop: its input tiles are in L2 by then
-        emit(f"{ind}# a loop of its own for the statistics of small inputs (out of the dots' loop)")
-        loop_head(ind)
-        for k in stats_inputs:
-            load(k, ind + "    ")
-        for t in op_ids:
-            if t in need:
-                compute(t, ind + "    ")
-        for t in hoisted:
-            emit(f"{ind}    {p}acc{t} = {updated(t)}  # {plan.op(t).op}")
-    if part is not None:  # "partial": the raw accumulators, for the finishing launch
-        store_partials(plan, accs, emit, p, part, ind)
-        return
-    _epilogue(plan, drop, accs, emit, p, pids, ind, out_views, out_dtypes, is_f32, ctx_of, compute)
-
-
-def _narrowed_before_loop(plan: KernelPlan) -> list[int]:
-    """The loop-invariant op results of a 16-bit dtype that a dot in the loop reads (Q scaled on
-    load, in attention): held in their own dtype, which the dot rounds them to anyway."""
-    dots = [
-        t
-        for t in range(plan.n_in, plan.n_in + len(plan.bg.ops))
-        if plan.phases[t] == "loop" and plan.op(t).op in ("matmul", "concat_matmul")
-    ]
-    read = {a for t in dots for a in plan.op(t).args}
-    return [
-        t
-        for t in sorted(read)
-        if t >= plan.n_in
-        and plan.phases[t] == "pre"
-        and plan.dtype(t) in ("float16", "bfloat16")
-        and t not in plan.accumulators
-    ]
-
-
-def _epilogue(
-    plan: KernelPlan,
-    drop: int,
-    accs: Sequence[int],
-    emit: Callable[[str], Any],
-    p: str,
-    pids: list[str],
-    ind: str,
-    out_views: Mapping[int, View] | None,
-    out_dtypes: Mapping[int, str] | None,
-    is_f32: dict[int, bool],
-    ctx_of: Callable[[int], OpCtx],
-    compute: Callable[[int, str], None],
-) -> None:
-    """Emit what follows the loop: the accumulators finalised, the post-loop ops, the stores."""
-    bg = plan.bg
-    emit(f"{ind}# after the loop: finalise the accumulators, the epilogue, the stores")
-    for t in accs:
-        fin = registry.rule(BACKEND, plan.op(t).op).finalise(ctx_of(t), f"{p}acc{t}")
-        emit(f"{ind}{p}t{t} = {fin}")
-        is_f32[t] = True
-    for t in range(plan.n_in, plan.n_in + len(bg.ops)):
-        if plan.phases[t] == "post" and t not in accs:
-            compute(t, ind)
-    for j, o in enumerate(bg.outputs):
-        dims = plan.outputs[j]
-        perm = (out_views or {}).get(j)
-        base, _, offs, mask = tile_access(dims, pids, perm, drop)
-        dt = TL_DTYPES[(out_dtypes or {}).get(j) or plan.dtype(o.arg)]
-        m = f", mask={mask}" if mask else ""
-        emit(f"{ind}# {p}out{j}: {list(plan.output_shapes[j])}, omap {o.omap}")
-        if perm is not None:
-            emit(f"{ind}# {p}out{j} is written as the array it is a view of: {perm}")
-        emit(f"{ind}tl.store({p}out{j} + {base} + {offs}, {p}t{o.arg}.to({dt}){m})")
 
 
 # ---------------------------------------------------------------------------- the source
@@ -589,19 +351,6 @@ def build_kernel(
         f"{name}_finish", finish_src, out_shape, plan.grid, warps, stages, interpret, where
     )
     return lambda *xs: finish(*xs, *part(*xs))
-
-
-def bounds_refusal(plan: KernelPlan, config: TritonConfig) -> str | None:
-    """Why the kernel cannot walk a per-block range of its loop's steps, or None."""
-    if config.loop_split != 1:
-        return "its loop is split over the grid"
-    if plan.forloop_range == 1:
-        return "it has no loop"
-    if flat_loop(plan, plan.forloop_range, config.num_warps):
-        return "its loop is flattened"
-    if hoisted_statistics(plan)[0]:
-        return "it sums statistics in a loop of their own"
-    return None
 
 
 def build_group(
