@@ -7,18 +7,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import lax_ir
-from lax_ir.interface import apply_ops
-from lax_ir.views import layout_after
 from mirage_jax.lower import kernel_graph
 from mirage_jax.lower.kernel_graph import plan
 from mirage_jax.lower.masked_steps import MASKED, skippable, step_bounds
 from mirage_jax.mugraph import BlockGraphBuilder, MuGraphBuilder
 from mirage_jax.regions import canonical_constants, constant_inputs, region_kernel
+from tests.test_split_views import AttentionRegion
 
 
 def _causal(q, k, v):
@@ -101,45 +98,17 @@ def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_grad
         return got
 
     monkeypatch.setattr(kernel_graph, "_step_bounds", spy)
-    rng = np.random.default_rng(3)
-    q = rng.standard_normal((2, 64, 4, 16)).astype(np.float32)
-    k = rng.standard_normal((2, 64, 2, 16)).astype(np.float32)
-    v = rng.standard_normal((2, 64, 2, 16)).astype(np.float32)
-    part = lax_ir.partition(lax_ir.capture(_causal, q, k, v))
-    (region,) = [r for r in part.regions if "exp" in r.program.op_counts()]
-    known = constant_inputs(part.program, region)
+    case = AttentionRegion(_causal, T=64, seed=3)
+    region = case.region
+    known = constant_inputs(case.part.program, region)
     assert len(canonical_constants(region.program, known)) == 1
-    inside = {i for r in part.regions for i in r.nodes}
-    xla = set(range(len(part.program.nodes))) - inside
-    after = [layout_after(part.program, o, xla) for o in region.outputs]
     res = search(region.program, budget=Budget(time_s=60, max_candidates=16), seed=0, workers=1)
     g = next(g for g in res.mugraphs if len(plan(g)) == 1)  # one kernel: its loop sees all keys
     decision = SimpleNamespace(mugraph=g, verification=None, cache_key="t")
-    fn = region_kernel(decision, region, "triton", None, True, after, known)
+    fn = region_kernel(decision, region, "triton", None, True, case.after, known)
     assert callable(fn), fn
     assert any(t is not None and (t[:, 2] - t[:, 1]).min() < t[:, 2].max() for t in tables)
-    nodes, ins = part.program.nodes, part.program.inputs
-
-    def value(i, qq):
-        if i in ins:
-            return (qq, k, v)[ins.index(i)]
-        node = nodes[i]
-        if node.op == "constant":
-            return np.asarray(node.param("value").array)
-        return value(node.args[0], qq).reshape(node.shape)
-
-    def run(qq):
-        return apply_ops(fn(*[value(i, qq) for i in region.inputs])[0], after[0])
-
-    want = np.asarray(jax.jit(_causal)(q, k, v))
-    np.testing.assert_allclose(np.asarray(run(q)), want, rtol=1e-4, atol=1e-4)
-    loss = lambda f: lambda qq: jnp.sum(jnp.sin(f(qq)))  # noqa: E731
-    np.testing.assert_allclose(
-        np.asarray(jax.grad(loss(run))(q)),
-        np.asarray(jax.grad(loss(lambda qq: _causal(qq, k, v)))(q)),
-        1e-4,
-        1e-4,
-    )
+    case.check(fn)
 
 
 def _lowered_with_and_without_the_mask_known(interpret: bool):

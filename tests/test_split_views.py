@@ -236,6 +236,55 @@ def _gqa(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, implementation="xla")
 
 
+class AttentionRegion:
+    """A GQA attention call (`fn(q, k, v)`, 4 query heads over 2 KV heads, T tokens) cut into
+    regions: its attention region, the steps the program applies after it, and the function
+    of q that runs a kernel for the region inside the program."""
+
+    def __init__(self, fn, T: int, seed: int):
+        from lax_ir.views import layout_after
+
+        rng = np.random.default_rng(seed)
+        self.fn = fn
+        self.q = rng.standard_normal((2, T, 4, 16)).astype(np.float32)
+        self.k = rng.standard_normal((2, T, 2, 16)).astype(np.float32)
+        self.v = rng.standard_normal((2, T, 2, 16)).astype(np.float32)
+        self.part = lax_ir.partition(lax_ir.capture(fn, self.q, self.k, self.v))
+        (self.region,) = [r for r in self.part.regions if "exp" in r.program.op_counts()]
+        inside = {i for r in self.part.regions for i in r.nodes}
+        xla = set(range(len(self.part.program.nodes))) - inside
+        self.after = [layout_after(self.part.program, o, xla) for o in self.region.outputs]
+
+    def _value(self, i: int, q):
+        """The region's input i: a program input, a constant, or a reshape of either."""
+        nodes, ins = self.part.program.nodes, self.part.program.inputs
+        if i in ins:
+            return (q, self.k, self.v)[ins.index(i)]
+        if nodes[i].op == "constant":
+            return np.asarray(nodes[i].param("value").array)
+        assert nodes[i].op == "reshape", nodes[i]
+        return self._value(nodes[i].args[0], q).reshape(nodes[i].shape)
+
+    def with_q(self, kernel):
+        """q -> the program's output with `kernel` computing the region."""
+        return lambda q: apply_ops(
+            kernel(*[self._value(i, q) for i in self.region.inputs])[0], self.after[0]
+        )
+
+    def check(self, kernel) -> None:
+        """The kernel's values and gradient (in q) are the program's."""
+        run = self.with_q(kernel)
+        want = np.asarray(jax.jit(self.fn)(self.q, self.k, self.v))
+        np.testing.assert_allclose(np.asarray(run(self.q)), want, rtol=1e-4, atol=1e-4)
+        loss = lambda f: lambda q: jnp.sum(jnp.sin(f(q)))  # noqa: E731
+        np.testing.assert_allclose(
+            np.asarray(jax.grad(loss(run))(self.q)),
+            np.asarray(jax.grad(loss(lambda q: self.fn(q, self.k, self.v)))(self.q)),
+            1e-4,
+            1e-4,
+        )
+
+
 def test_a_region_kernel_writes_grouped_attention_in_the_programs_layout():
     """The attention region of a GQA call (`region_kernel`, Triton interpreted, with the steps
     the program applies after it): its (B, kv heads, T * groups, D) output is written through a
@@ -243,50 +292,19 @@ def test_a_region_kernel_writes_grouped_attention_in_the_programs_layout():
     through the written view are the program's."""
     from types import SimpleNamespace
 
-    from lax_ir.views import layout_after
     from mirage_jax.regions import region_kernel, stored_views
     from mirage_jax.search import Budget, search
 
     pytest.importorskip("triton")
-    rng = np.random.default_rng(7)
-    q = rng.standard_normal((2, 16, 4, 16)).astype(np.float32)
-    k = rng.standard_normal((2, 16, 2, 16)).astype(np.float32)
-    v = rng.standard_normal((2, 16, 2, 16)).astype(np.float32)
-    part = lax_ir.partition(lax_ir.capture(_gqa, q, k, v))
-    (region,) = [r for r in part.regions if "exp" in r.program.op_counts()]
-    inside = {i for r in part.regions for i in r.nodes}
-    xla = set(range(len(part.program.nodes))) - inside
-    after = [layout_after(part.program, o, xla) for o in region.outputs]
-    st = stored_views(region.program, "triton", after)
+    case = AttentionRegion(_gqa, T=16, seed=7)
+    region = case.region
+    st = stored_views(region.program, "triton", case.after)
     assert isinstance(st.outputs[0][0], SplitView), st.outputs
     res = search(region.program, budget=Budget(time_s=60, max_candidates=4), seed=0, workers=1)
     decision = SimpleNamespace(mugraph=res.mugraphs[0], verification=None, cache_key="t")
-    fn = region_kernel(decision, region, "triton", None, strict=True, after=after)
+    fn = region_kernel(decision, region, "triton", None, strict=True, after=case.after)
     assert callable(fn), fn
-    nodes, ins = part.program.nodes, part.program.inputs
-
-    def value(i, qq):  # the region's input i: a program input, or a reshape of one
-        if i in ins:
-            return (qq, k, v)[ins.index(i)]
-        assert nodes[i].op == "reshape", nodes[i]
-        return value(nodes[i].args[0], qq).reshape(nodes[i].shape)
-
-    def with_q(fun):
-        def run(qq):
-            got = fun(*[value(i, qq) for i in region.inputs])[0]
-            return apply_ops(got, after[0])
-
-        return run
-
-    want = np.asarray(jax.jit(_gqa)(q, k, v))
-    np.testing.assert_allclose(np.asarray(with_q(fn)(q)), want, rtol=1e-4, atol=1e-4)
-    loss = lambda fun: lambda qq: jnp.sum(jnp.sin(fun(qq)))  # noqa: E731
-    np.testing.assert_allclose(
-        np.asarray(jax.grad(loss(with_q(fn)))(q)),
-        np.asarray(jax.grad(loss(lambda qq: _gqa(qq, k, v)))(q)),
-        1e-4,
-        1e-4,
-    )
+    case.check(fn)
 
 
 @pytest.mark.gpu
