@@ -63,8 +63,10 @@ def test_a_causal_mask_bounds_each_blocks_steps_at_its_diagonal(fill):
     k = _bias_arg(g, i)
     assert skippable(p, k) and not any(skippable(p, j) for j in range(4) if j != k)
     got = step_bounds(p, k, _causal_bias(64, 64, fill))
-    # q tile j (rows 16 j .. 16 j + 15) sees key steps 0 .. j; the longest first
-    np.testing.assert_array_equal(got, [[j, 0, j + 1] for j in (3, 2, 1, 0)])
+    # q tile j (rows 16 j .. 16 j + 15) sees key steps 0 .. j, steps 0 .. j - 1 whole (the
+    # mask is 0 there: not read); the longest first
+    assert got.mask == k
+    np.testing.assert_array_equal(got.rows, [[j, 0, j, j + 1] for j in (3, 2, 1, 0)])
 
 
 def test_nothing_is_skipped_where_it_would_not_be_exact():
@@ -107,7 +109,9 @@ def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_grad
     decision = SimpleNamespace(mugraph=g, verification=None, cache_key="t")
     fn = region_kernel(decision, region, "triton", None, True, case.after, known)
     assert callable(fn), fn
-    assert any(t is not None and (t[:, 2] - t[:, 1]).min() < t[:, 2].max() for t in tables)
+    walked = [t.rows for t in tables if t is not None]  # some blocks skip, some skip reads
+    assert any((r[:, 3] - r[:, 1]).min() < r[:, 3].max() for r in walked)
+    assert any((r[:, 2] > r[:, 1]).any() for r in walked)
     case.check(fn)
 
 
@@ -137,3 +141,34 @@ def test_gpu_a_kernel_told_its_mask_gives_the_same_outputs():
     pytest.importorskip("jax_triton")
     want, got = _lowered_with_and_without_the_mask_known(interpret=False)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_told_its_mask_walks_only_the_steps_the_table_names():
+    """Called with another mask than the one it was told (which a program never does), the
+    kernel shows what it reads: nothing in the steps whose tile was 0 (their values make no
+    difference), and nothing past the last step the told mask leaves."""
+    from mirage_jax.lower import lower
+
+    pytest.importorskip("triton")
+    g = _attention_graph()
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((64, 16)).astype(np.float32)
+    kt = rng.standard_normal((16, 64)).astype(np.float32)
+    v = rng.standard_normal((64, 16)).astype(np.float32)
+    causal = _causal_bias(64, 64)
+    told = lower(g, backend="triton", interpret=True, known={3: causal})
+    plain = lower(g, backend="triton", interpret=True)
+    below = np.zeros((64, 64), np.float32)
+    for j in range(4):  # the 16 x 16 tiles left of each block's diagonal tile
+        below[16 * j : 16 * j + 16, : 16 * j] = 3.0
+    want = np.asarray(told(q, kt, v, causal)[0])
+    np.testing.assert_array_equal(np.asarray(told(q, kt, v, causal + below)[0]), want)
+    assert not np.allclose(np.asarray(plain(q, kt, v, causal + below)[0]), want)
+    # no mask at all: each block attends to the keys up to its diagonal tile's end, unmasked
+    no_mask = np.zeros((64, 64), np.float32)
+    seen = np.empty_like(q)
+    for r in range(64):
+        s = q[r] @ kt[:, : 16 * (r // 16 + 1)]
+        p = np.exp(s - s.max())
+        seen[r] = p @ v[: len(s)] / p.sum()
+    np.testing.assert_allclose(np.asarray(told(q, kt, v, no_mask)[0]), seen, rtol=1e-4, atol=1e-4)

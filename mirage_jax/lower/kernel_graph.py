@@ -21,7 +21,7 @@ from lax_ir import FloatAlgebra
 from lax_ir.interface import SplitView, View, Views, read_view, view_stored_shape, write_view
 from lax_ir.layouts import swap_perm
 from mirage_jax.lower import backends
-from mirage_jax.lower.masked_steps import skippable, step_bounds
+from mirage_jax.lower.masked_steps import StepBounds, skippable, step_bounds
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.lower.retile import retile
@@ -308,7 +308,7 @@ def _narrowed(
 
 def _step_bounds(
     mugraph: MuGraph, i: int, p: Any, config: Any, mod: Any, known: Mapping[int, np.ndarray]
-) -> np.ndarray | None:
+) -> StepBounds | None:
     """The table of loop steps kernel op i may walk (`masked_steps.step_bounds`) from the first
     of its inputs with a known value that masks steps whole; None where none does, or the
     backend cannot (`bounds_refusal`)."""

@@ -12,10 +12,14 @@ later. So the output is the same to the bit without it: half the steps of a caus
 `step_bounds` finds, per block, the first and last step whose tile is not masked throughout,
 from the constant's value, for kernels whose accumulators are the online softmax's alone
 (`skippable`); the Triton generator then loops over that range only, reading the bounds from a
-small table the kernel takes as an input. (Exact for scores below 1e29 in magnitude.)
+small table the kernel takes as an input. (Exact for scores below 1e29 in magnitude.) The
+steps at the start of that range whose tile is +0 throughout (the keys a causal block sees
+whole) form a loop of their own that does not read the mask: adding 0 changes nothing.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,11 +67,23 @@ def skippable(plan: KernelPlan, k: int) -> bool:
     return True
 
 
-def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | None:
-    """Per block, its row-major index in the grid and [first, end) of the steps whose tile of
-    block input k (a constant, `value` as the kernel reads it) is not masked throughout, int32
-    (blocks, 3), the blocks with the most steps first (so the longest start first, and the
-    short ones fill the GPU after them);
+@dataclass(frozen=True)
+class StepBounds:
+    """A kernel's table of loop steps: `rows` (blocks, 4) int32, in launch order, each a
+    block's row-major grid index, its first step, the first step that reads the mask (the
+    steps before it see a tile of +0: the mask is not read), and its end; `mask`, the block
+    input that is the mask."""
+
+    mask: int
+    rows: np.ndarray
+
+
+def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> StepBounds | None:
+    """Per block, its row-major index in the grid, [first, end) of the steps whose tile of
+    block input k (a constant, `value` as the kernel reads it) is not masked throughout, and
+    where in that range the leading steps whose tile is +0 throughout end; the blocks with
+    the most steps first (so the longest start first, and the short ones fill the GPU after
+    them);
     None where the tiles do not divide the value, a block's loop does not cover the keys whole, a row masks
     every key, the value is too large, or no step can be skipped."""
     dims = plan.inputs[k]
@@ -86,7 +102,9 @@ def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | Non
     split: list[int] = []
     for d in dims:
         split += [d.size // d.tile, d.tile]
-    dead = masked.reshape(split).all(axis=tuple(range(1, 2 * len(dims), 2)))
+    tile_axes = tuple(range(1, 2 * len(dims), 2))
+    dead = masked.reshape(split).all(axis=tile_axes)
+    zero = ((value == 0) & ~np.signbit(value)).reshape(split).all(axis=tile_axes)
     grid, F = plan.grid, plan.forloop_range
     ids = np.arange(int(np.prod(grid)))
     pid = list(np.unravel_index(ids, grid))  # row-major, as the kernel reads its row
@@ -103,5 +121,8 @@ def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> np.ndarray | Non
         return None
     first = np.where(live.any(axis=1), live.argmax(axis=1), 0)
     end = np.where(live.any(axis=1), F - live[:, ::-1].argmax(axis=1), 0)
+    reads = ~zero[tuple(index)] & (steps[None, :] >= first[:, None])
+    mid = np.clip(np.where(reads, steps[None, :], F).min(axis=1), first, end)
     order = np.argsort(first - end, kind="stable")  # most steps first
-    return np.stack([ids, first, end], axis=1)[order].astype(np.int32)
+    rows = np.stack([ids, first, mid, end], axis=1)[order].astype(np.int32)
+    return StepBounds(k, rows)

@@ -52,14 +52,15 @@ def body(
     out_views: Mapping[int, View] | None = None,
     out_dtypes: Mapping[int, str] | None = None,
     part: LoopPart | None = None,
-    bounded: bool = False,
+    mask_input: int | None = None,
 ) -> None:
     """Emit the statements of one planned kernel, its names prefixed with `p`, its grid
     position in the expressions `pids`, indented by `ind`; outputs in `out_views` are written
     permuted, outputs in `out_dtypes` in that dtype. With `part`, one of the two launches of a
     kernel whose loop is split over the grid (`triton_split`). Tiles drop the leading dims
-    each holds once (`squeeze`). `bounded`: each block walks the steps `first`..`end`, read
-    from its row of the table `steps` (`generate_source`, `masked_steps`)."""
+    each holds once (`squeeze`). `mask_input`: the block input that is a constant mask; each block
+    walks the steps `first`..`end` of its row of the table `steps`, not reading the mask
+    before `mid` (`generate_source`, `masked_steps`)."""
     plan, drop = squeezed(plan) if config.squeeze else (plan, 0)
     bg, n_in = plan.bg, plan.n_in
     access = {}
@@ -127,18 +128,17 @@ def body(
     loop_var = it if part is None else f"{p}step"
     first = None if part is None else f"{part.split} * {steps}"
 
-    if bounded:
+    if mask_input is not None:
         why = bounds_refusal(plan, config) if part is None else "its loop is split"
         if why is not None:
             raise LoweringError(f"no table of loop steps: {why}")
-    lo, hi = ("first", "end") if bounded else ("0", str(steps))
 
-    def loop_head(indent: str, unroll: int = 1) -> None:
+    def loop_head(indent: str, unroll: int = 1, lo: str = "0", hi: str = str(steps)) -> None:
         rng = (
             f"tl.range({lo}, {hi}, loop_unroll_factor={unroll})"
             if unroll > 1
             else f"tl.range({lo}, {hi})"  # runtime bounds (Triton's interpreter too)
-            if bounded
+            if mask_input is not None
             else f"range({lo}, {hi})"
         )
         emit(f"{indent}for {loop_var} in {rng}:")
@@ -158,22 +158,6 @@ def body(
         for j in range(steps):
             for k in stats_inputs:
                 load(k, ind, str(j) if first is None else f"{first} + {j}", f"{p}pre{k}_{j}")
-    if F == 1:
-        inner = ind
-        emit(f"{ind}{it} = 0  # forloop_range 1: no loop")
-    else:
-        inner = ind + "    "
-        if part is not None:
-            emit(f"{ind}# this block's part of the loop: {steps} of its {F} steps")
-        loop_head(ind, min(config.loop_unroll, steps))
-    for k in range(n_in):
-        if plan.phases[k] == "loop" and k in main:
-            load(k, inner)
-    for t in op_ids:
-        if plan.phases[t] == "loop" and t in main:
-            compute(t, inner)
-            if t in running:
-                emit(f"{inner}{p}t{t} = tl.maximum({p}acc{running[t]}, {p}t{t})  # running max")
     order = sorted(
         (t for t in accs if t not in hoisted), key=lambda t: plan.op(t).op != "accum_max"
     )
@@ -187,10 +171,41 @@ def body(
             args = [args[0], m, f"{p}acc{big}", f"{p}new{big}"]
         return registry.rule(BACKEND, plan.op(t).op).update(ctx_of(t), f"{p}acc{t}", *args)
 
-    for t in order:
-        emit(f"{inner}{p}new{t} = {updated(t)}  # {plan.op(t).op}")
-    for t in order:
-        emit(f"{inner}{p}acc{t} = {p}new{t}")
+    def main_loop(lo: str = "0", hi: str = str(steps), zero: int | None = None) -> None:
+        """The loop over steps lo..hi: its loads, ops and accumulator updates; input `zero`
+        is not read but +0, as its tile is throughout in those steps (`masked_steps`)."""
+        if F == 1:
+            inner = ind
+            emit(f"{ind}{it} = 0  # forloop_range 1: no loop")
+        else:
+            inner = ind + "    "
+            if part is not None:
+                emit(f"{ind}# this block's part of the loop: {steps} of its {F} steps")
+            loop_head(ind, min(config.loop_unroll, steps), lo, hi)
+        for k in range(n_in):
+            if plan.phases[k] == "loop" and k in main and k == zero:
+                dt = bg.inputs[k].dtype
+                emit(f"{inner}{p}t{k} = tl.zeros({tuple(plan.pads[k])}, dtype={TL_DTYPES[dt]})")
+                is_f32[k] = dt == "float32"
+            elif plan.phases[k] == "loop" and k in main:
+                load(k, inner)
+        for t in op_ids:
+            if plan.phases[t] == "loop" and t in main:
+                compute(t, inner)
+                if t in running:
+                    emit(f"{inner}{p}t{t} = tl.maximum({p}acc{running[t]}, {p}t{t})  # running max")
+        for t in order:
+            emit(f"{inner}{p}new{t} = {updated(t)}  # {plan.op(t).op}")
+        for t in order:
+            emit(f"{inner}{p}acc{t} = {p}new{t}")
+
+    if mask_input is None:
+        main_loop()
+    else:
+        emit(f"{ind}# the steps whose tile of the mask (in{mask_input}) is +0 throughout: not read")
+        main_loop("first", "mid", zero=mask_input)
+        emit(f"{ind}# the steps that read the mask, up to the last it does not hide whole")
+        main_loop("mid", "end")
     if F == 1 and not accs:
         emit(f"{ind}pass")
     if preload:  # summed after the dots' loop, from the tiles loaded before it
