@@ -519,20 +519,15 @@ def canonical_constants(program: Any, known: Mapping[int, np.ndarray]) -> dict[i
     (canonical, without the steps kernels apply on load), for those that mask (hold entries at
     most `lower.masked_steps.MASKED`) and are at most `MAX_CONSTANT_ELEMENTS`."""
     interface = program.meta.get("interface")
+    n = len(program.input_avals)
+    inputs = interface["inputs"] if interface else tuple((k, ()) for k in range(n))
     out = {}
-    for k, (pos, ops) in enumerate(interface["inputs"] if interface else ()):
-        value = known.get(pos)
-        if value is None or value.dtype.kind != "f" or not _masks(value):
+    for k, (pos, ops) in enumerate(inputs):
+        value, shape = known.get(pos), program.input_avals[k][0]
+        if value is None or value.dtype.kind != "f" or np.prod(shape) > MAX_CONSTANT_ELEMENTS:
             continue
-        rest = _load_steps(ops)[0]  # the µGraph takes it without its load steps
-        shape = program.input_avals[k][0]
-        if int(np.prod(shape)) > MAX_CONSTANT_ELEMENTS:
-            continue
-        out[k] = np.asarray(apply_ops(value, rest)).reshape(shape)
-    if interface is None:
-        for k, value in known.items():
-            if value.dtype.kind == "f" and _masks(value):
-                out[k] = value
+        if _masks(value):  # the µGraph takes it without the steps kernels apply on load
+            out[k] = np.asarray(apply_ops(value, _load_steps(ops)[0])).reshape(shape)
     return out
 
 

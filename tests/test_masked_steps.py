@@ -172,3 +172,18 @@ def test_a_kernel_told_its_mask_walks_only_the_steps_the_table_names():
         p = np.exp(s - s.max())
         seen[r] = p @ v[: len(s)] / p.sum()
     np.testing.assert_allclose(np.asarray(told(q, kt, v, no_mask)[0]), seen, rtol=1e-4, atol=1e-4)
+
+
+def test_only_masking_constants_within_the_size_cap_reach_the_lowering(monkeypatch):
+    """`regions.canonical_constants`: the folded causal mask of a region, as the µGraph reads
+    it; none where the constant masks nothing or is larger than the cap."""
+    from mirage_jax import regions
+
+    case = AttentionRegion(_causal, T=16, seed=1)
+    program = case.region.program
+    known = constant_inputs(case.part.program, case.region)
+    ((k, value),) = canonical_constants(program, known).items()
+    assert value.shape == program.input_avals[k][0] and (value <= MASKED).any()
+    assert canonical_constants(program, {p: np.zeros_like(v) for p, v in known.items()}) == {}
+    monkeypatch.setattr(regions, "MAX_CONSTANT_ELEMENTS", value.size - 1)
+    assert canonical_constants(program, known) == {}
