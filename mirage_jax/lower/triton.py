@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -25,10 +24,12 @@ import numpy as np
 from lax_ir.interface import View, view_stored_shape
 from mirage_jax.lower import registry
 from mirage_jax.lower.masked_steps import StepBounds
-from mirage_jax.lower.plan import KernelConfig, KernelPlan
+from mirage_jax.lower.plan import KernelPlan
 from mirage_jax.lower.registry import AccumRule, LoweringError
 from mirage_jax.lower.triton_body import body
 from mirage_jax.lower.triton_body import bounds_refusal as bounds_refusal
+from mirage_jax.lower.triton_config import TritonConfig as TritonConfig
+from mirage_jax.lower.triton_config import default_config as default_config
 from mirage_jax.lower.triton_rules import BACKEND
 from mirage_jax.lower.triton_runtime import compile_for as compile_for
 from mirage_jax.lower.triton_runtime import launcher
@@ -39,35 +40,6 @@ from mirage_jax.lower.triton_split import (
     split_refusal,
 )
 from mirage_jax.mugraph.ops import OPS
-
-
-@dataclass(frozen=True)
-class TritonConfig(KernelConfig):
-    """Knobs of the generated Triton kernels.
-
-    Arguments:
-        num_warps: warps per program.
-        num_stages: software-pipelining depth of the for-loop (passed to the compiler).
-        loop_unroll: `tl.range(..., loop_unroll_factor=)` of the for-loop (1: none).
-        min_dot: smallest M/N/K handed to tl.dot (a power of two >= 16).
-        loop_split: S > 1 runs a kernel as two launches, its loop split over S times the
-            blocks, then a launch that sums the parts (`triton_split`); `lower` applies it to
-            the kernels launched alone whose plan allows it (`split_refusal`).
-        squeeze: tiles drop the leading dims each holds once (`squeeze`); False keeps the
-            block graph's rank (`select` times both where they differ).
-    """
-
-    loop_split: int = 1
-    squeeze: bool = True
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.loop_split < 1:
-            raise ValueError(f"loop_split must be >= 1, got {self.loop_split}")
-
-
-def default_config() -> TritonConfig:
-    return TritonConfig()
 
 
 # ---------------------------------------------------------------------------- the generator

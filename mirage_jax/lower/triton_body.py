@@ -10,7 +10,7 @@ only the steps a constant mask leaves (`masked_steps`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lax_ir.interface import View
 from mirage_jax.lower import registry
@@ -19,13 +19,11 @@ from mirage_jax.lower.registry import LoweringError
 from mirage_jax.lower.running_max import running_shifts
 from mirage_jax.lower.squeeze import squeezed
 from mirage_jax.lower.triton_access import tile_access
+from mirage_jax.lower.triton_config import TritonConfig
 from mirage_jax.lower.triton_flat import emit_flat, flat_loop
 from mirage_jax.lower.triton_hoist import hoisted_statistics, main_loop_values, preloaded
 from mirage_jax.lower.triton_rules import BACKEND, TL_DTYPES, OpCtx
 from mirage_jax.lower.triton_split import LoopPart, store_partials, sum_partials
-
-if TYPE_CHECKING:
-    from mirage_jax.lower.triton import TritonConfig
 
 
 def bounds_refusal(plan: KernelPlan, config: TritonConfig) -> str | None:
