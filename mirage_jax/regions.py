@@ -433,12 +433,12 @@ def region_kernel(
 @dataclass(frozen=True)
 class Stored:
     """How a kernel takes a region's inputs and writes its outputs: `views`, position -> the
-    permutation or `SplitView` it reads a stored array through; `steps`, position -> the interface steps XLA still applies to such an
-    input, to one whose layout steps are only a reshape (`lax_ir.views`), or to one whose
-    shift the kernel applies; `loads`, position -> the steps the kernel applies where it loads
-    the input (`mugraph.load_steps`); `outputs`, output k -> (view, steps): the kernel writes
-    the array `view` reads as the output, which `steps` make the region's
-    (`lax_ir.views.output_view`)."""
+    permutation or `SplitView` it reads a stored array through; `steps`, position -> the
+    interface steps XLA still applies to such an input, to one whose layout steps are only a
+    reshape (`lax_ir.views`), or to one whose shift or scale the kernel applies; `loads`,
+    position -> the steps the kernel applies where it loads the input (`mugraph.load_steps`);
+    `outputs`, output k -> (view, steps): the kernel writes the array `view` reads as the
+    output, which `steps` make the region's (`lax_ir.views.output_view`)."""
 
     views: Views
     steps: dict[int, Ops]

@@ -1,8 +1,9 @@
 """The variants `select(tune_warps=True)` times a region's fastest µGraph with.
 
-The kernels' knobs that the µGraph does not fix (warps per block, a loop split over the grid)
-ride in its meta (`kernel_graph.WARPS`, `LOOP_SPLIT`, `FULL_RANK`), which the lowering reads when given no
-config; `select` times each variant these name and keeps the fastest.
+The kernels' knobs that the µGraph does not fix (warps per block, a loop split over the grid,
+the tiles' rank) ride in its meta (`kernel_graph.WARPS`, `LOOP_SPLIT`, `FULL_RANK`), which the
+lowering reads when given no config; `select` times each variant these name and keeps the
+fastest.
 """
 
 from __future__ import annotations

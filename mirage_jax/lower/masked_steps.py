@@ -83,9 +83,8 @@ def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> StepBounds | Non
     block input k (a constant, `value` as the kernel reads it) is not masked throughout, and
     where in that range the leading steps whose tile is +0 throughout end; the blocks with
     the most steps first (so the longest start first, and the short ones fill the GPU after
-    them);
-    None where the tiles do not divide the value, a block's loop does not cover the keys whole, a row masks
-    every key, the value is too large, or no step can be skipped."""
+    them). None where the tiles do not divide the value, a block's loop does not cover the
+    keys whole, a row masks every key, the value is too large, or no step can be skipped."""
     dims = plan.inputs[k]
     value = np.asarray(value)
     if value.shape != tuple(d.size for d in dims) or value.size > MAX_ELEMENTS:
