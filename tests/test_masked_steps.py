@@ -115,14 +115,18 @@ def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_grad
     case.check(fn)
 
 
+def _qkv(seed: int):
+    """q (64, 16), kᵀ (16, 64), v (64, 16) for `_attention_graph`."""
+    rng = np.random.default_rng(seed)
+    shapes = ((64, 16), (16, 64), (64, 16))
+    return tuple(rng.standard_normal(s).astype(np.float32) for s in shapes)
+
+
 def _lowered_with_and_without_the_mask_known(interpret: bool):
     from mirage_jax.lower import lower
 
     g = _attention_graph()
-    rng = np.random.default_rng(4)
-    q = rng.standard_normal((64, 16)).astype(np.float32)
-    kt = rng.standard_normal((16, 64)).astype(np.float32)
-    v = rng.standard_normal((64, 16)).astype(np.float32)
+    q, kt, v = _qkv(4)
     bias = _causal_bias(64, 64)
     plain = lower(g, backend="triton", interpret=interpret)
     known = lower(g, backend="triton", interpret=interpret, known={3: bias})
@@ -151,10 +155,7 @@ def test_a_kernel_told_its_mask_walks_only_the_steps_the_table_names():
 
     pytest.importorskip("triton")
     g = _attention_graph()
-    rng = np.random.default_rng(5)
-    q = rng.standard_normal((64, 16)).astype(np.float32)
-    kt = rng.standard_normal((16, 64)).astype(np.float32)
-    v = rng.standard_normal((64, 16)).astype(np.float32)
+    q, kt, v = _qkv(5)
     causal = _causal_bias(64, 64)
     told = lower(g, backend="triton", interpret=True, known={3: causal})
     plain = lower(g, backend="triton", interpret=True)
