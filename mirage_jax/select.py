@@ -30,23 +30,14 @@ import numpy as np
 
 from lax_ir.interface import adapt
 from lax_ir.program import Program
-from mirage_jax.lower.kernel_graph import FULL_RANK, LOOP_SPLIT, WARPS
+from mirage_jax.lower.kernel_graph import WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.cost import stored_axes
 from mirage_jax.search.driver import SearchResult
 from mirage_jax.search.order import FAR_BEHIND as FAR_BEHIND
 from mirage_jax.search.order import timing_order
-from mirage_jax.tuning import (
-    SMALL_TUNING_US,
-    combine_variants,
-    full_rank_differs,
-    split_depth_variants,
-    split_variants,
-    warp_variants,
-    wide_variants,
-    within,
-)
+from mirage_jax.tuning import tuned_variants, tuning_bases, within
 
 
 class NotEqual(ValueError):
@@ -275,16 +266,16 @@ def select(
         context: time XLA and the µGraphs as the function calls the region (`InContext`),
             interface included; where timed, the float check runs that same compiled function
             on the region's own inputs (so the stored views and loads are checked too).
-        tune_warps: also time the fastest µGraph with 8 warps per block (`warp_variants`, its
-            meta's `WARPS`) and, where it takes at most `SMALL_TUNING_US`, with 2 and with its
-            loops split over the grid (`split_variants`, its meta's `LOOP_SPLIT`); on Triton,
-            at its tiles' full rank where that differs (`full_rank_differs`, `FULL_RANK`); a decode
-            GEMV also at numbers that read its weights in wide tiles (`wide_variants`), and a
-            split's combine over more blocks (`combine_variants`) and, on Triton, the split
-            over more parts (`split_depth_variants`): µGraphs of their own, timed
-            unverified and verified at full size only where one wins; the lowering reads the
-            meta when given no config; keep the fastest. No variant is timed for a winner
-            slower than XLA by more than `tuning.TUNE_WITHIN`.
+        tune_warps: also time the fastest µGraph, and the fastest of another structure within
+            `tuning.RETUNE_WITHIN` of it (`tuning_bases`), at their own variants
+            (`tuning.tuned_variants`): 8 warps per block (`WARPS`) and, where it takes at most
+            `SMALL_TUNING_US`, 2 and its loops split over the grid (`LOOP_SPLIT`); on Triton,
+            its tiles' full rank where that differs (`FULL_RANK`); a decode GEMV's weights read
+            in wide tiles, a split's combine over more blocks and, on Triton, the split over
+            more parts: µGraphs of their own, timed unverified and verified at full size only
+            where one wins. The lowering reads the meta when given no config; the fastest is
+            kept. No variant is timed for a winner slower than XLA by more than
+            `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
@@ -406,7 +397,6 @@ def select(
             return dataclasses.replace(c, error=f"{type(e).__name__}: {e}"[:300])
 
     best: tuple[float, MuGraph] | None = None
-    best_of: tuple[Contender, Any] | None = None
     candidates = timing_order(result.mugraphs, top)
     t0 = time.perf_counter()
     if timed:  # all verified, lowered and compiled (threads), then each timed alone
@@ -425,6 +415,7 @@ def select(
     else:  # one after another, until the first that passes
         prepared = (prepare(f"mugraph[{k}]", g) for k, g in candidates)
     contenders = [Contender("xla", xla_us)]
+    first: list[tuple[Contender, Any]] = []  # timed in the first round, with output orders
     for p in prepared:
         c = attempt(p)
         contenders.append(c)
@@ -435,35 +426,21 @@ def select(
             _log(program, contenders)
             why = "the cost model's best that lowers and passes the float check (not timed)"
             return Selection(g, why, tuple(contenders), method, backend, {"phases": phases})
+        first.append((c, p.order))
         if best is None or c.us < best[0]:
-            best, best_of = (c.us, g), (c, p.order)
+            best = (c.us, g)
     phases["prepare_and_time_s"] = time.perf_counter() - t0
-    if tune_warps and best is not None and WARPS not in best[1].meta and within(best[0], xla_us):
-        c, order = best_of
-        base = best[1]
-        small = best[0] <= SMALL_TUNING_US
-        tuned = [
-            (f"{c.label} with {w} warps", {WARPS: w}) for w in warp_variants(base, few=small)
-        ] + [
-            (f"{c.label} with its loop in {s} parts", {LOOP_SPLIT: s})
-            for s in (split_variants(base, backend) if small else [])
-        ]
-        if full_rank_differs(base, backend):
-            tuned.append((f"{c.label} at its tiles' full rank", {FULL_RANK: True}))
-        variants = [
-            (label, MuGraph(base.ops, base.outputs, {**base.meta, **m})) for label, m in tuned
-        ]
-        # other numbers (tiles, loop splits): a µGraph of its own
+    if tune_warps and best is not None and within(best[0], xla_us):
         contiguous = stored_axes(program)
-        wide = [
-            (f"{c.label}, {why}", h)
-            for why, h in wide_variants(base, backend, contiguous)
-            + combine_variants(base)
-            + (split_depth_variants(base) if backend == "triton" else [])
-        ]
-        # their verification at full size (seconds at 7B) waits until one of them wins
-        known = [(c.verdict, order)] * len(variants) + [(None, order)] * len(wide)
-        variants += wide
+        variants, known = [], []  # each with its base's verdict where its numbers are the same
+        for k in tuning_bases([(c.us, c.mugraph) for c, _ in first]):
+            c, order = first[k]
+            if WARPS in c.mugraph.meta:
+                continue
+            same, other = tuned_variants(c.label, c.mugraph, c.us, backend, contiguous)
+            # those at other numbers are verified at full size (seconds at 7B) only if one wins
+            variants += same + other
+            known += [(c.verdict, order)] * len(same) + [(None, order)] * len(other)
         threads = max(1, min(int(compile_threads), len(variants)))
         with concurrent.futures.ThreadPoolExecutor(threads, "mirage_jax-tune") as pool:
             ready = list(pool.map(lambda lg, k: prepare(lg[0], lg[1], k), variants, known))

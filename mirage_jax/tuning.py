@@ -1,4 +1,4 @@
-"""The variants `select(tune_warps=True)` times a region's fastest µGraph with.
+"""The variants `select(tune_warps=True)` times a region's fastest µGraphs with.
 
 The kernels' knobs that the µGraph does not fix (warps per block, a loop split over the grid,
 the tiles' rank) ride in its meta (`kernel_graph.WARPS`, `LOOP_SPLIT`, `FULL_RANK`), which the
@@ -9,11 +9,13 @@ fastest.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mirage_jax.lower.kernel_graph import FULL_RANK, LOOP_SPLIT, WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
+from mirage_jax.search.order import structure_key
 
 TUNED_WARPS = 8
 """The alternative to the backends' default of 4 warps that `select(tune_warps=True)` times
@@ -58,6 +60,54 @@ read wide; H100, 2026-11-26), and the compiles of hopeless ones cost the first c
 def within(best_us: float, xla_us: float | None) -> bool:
     """A winner of `best_us` is worth tuning against XLA's `xla_us` (None: not timed)."""
     return xla_us is None or best_us <= TUNE_WITHIN * xla_us
+
+
+RETUNE_WITHIN = 1.25
+"""`select(tune_warps=True)` also tunes the fastest µGraph of another structure that took at
+most this multiple of the fastest's time: at the default numbers it may lose by less than its
+own warps or split win back (H100, 2026-11-27, gqa_stable b=16: one kernel took 33.7 µs at 4
+warps; split-KV 36.3 + 2.1 at 4 warps, but its split kernel 29.5 at 8)."""
+
+
+def tuning_bases(timed: Sequence[tuple[float, MuGraph]]) -> list[int]:
+    """Which first-round µGraphs `select(tune_warps=True)` tunes, as indices into `timed`
+    ((µs, µGraph) pairs): the fastest, and the fastest of any other structure if it took at
+    most `RETUNE_WITHIN` times as long."""
+    if not timed:
+        return []
+    ranked = sorted(range(len(timed)), key=lambda k: timed[k][0])
+    best = ranked[0]
+
+    def key(k: int) -> Any:
+        return structure_key(timed[k][1].meta.get("structure", k))
+
+    other = next((k for k in ranked[1:] if key(k) != key(best)), None)
+    close = other is not None and timed[other][0] <= RETUNE_WITHIN * timed[best][0]
+    return [best, other] if close else [best]
+
+
+def tuned_variants(
+    label: str, base: MuGraph, us: float, backend: str, contiguous: Any
+) -> tuple[list[tuple[str, MuGraph]], list[tuple[str, MuGraph]]]:
+    """The variants of one timed µGraph `base` (`label`, `us` µs): at its own numbers (its
+    meta's warps, loop split, tiles' rank) and at other numbers (µGraphs of their own: wide
+    tiles, a combine over more blocks, on Triton a split over more parts), as (label, µGraph)
+    lists. `contiguous`: the region's stored axes (`search.cost.stored_axes`)."""
+    small = us <= SMALL_TUNING_US
+    meta = [(f"{label} with {w} warps", {WARPS: w}) for w in warp_variants(base, few=small)]
+    meta += [
+        (f"{label} with its loop in {s} parts", {LOOP_SPLIT: s})
+        for s in (split_variants(base, backend) if small else [])
+    ]
+    if full_rank_differs(base, backend):
+        meta.append((f"{label} at its tiles' full rank", {FULL_RANK: True}))
+    same = [(lb, MuGraph(base.ops, base.outputs, {**base.meta, **m})) for lb, m in meta]
+    other = (
+        wide_variants(base, backend, contiguous)
+        + combine_variants(base)
+        + (split_depth_variants(base) if backend == "triton" else [])
+    )
+    return same, [(f"{label}, {why}", h) for why, h in other]
 
 
 def warp_variants(g: MuGraph, few: bool = True) -> list[int | tuple[int, ...]]:

@@ -45,6 +45,13 @@ def never_timed(fn, inputs):
     raise AssertionError("timed=False must time nothing")
 
 
+def structured(g, structure):
+    """`g` with the structure the search would have named in its meta."""
+    from mirage_jax.mugraph import MuGraph
+
+    return MuGraph(g.ops, g.outputs, {**g.meta, "structure": structure})
+
+
 def test_untimed_takes_the_first_candidate_that_passes():
     p = program()
     r = SearchResult((graph(wrong=True), graph(), graph()), "exhausted", {})
@@ -97,7 +104,7 @@ def test_the_fastest_is_timed_again_with_other_warps_and_the_fastest_kept():
     from mirage_jax.tuning import FEW_WARPS, TUNED_WARPS
 
     p = program()
-    r = SearchResult((graph(), graph()), "exhausted", {})
+    r = SearchResult((structured(graph(), "s"), structured(graph(), "s")), "exhausted", {})
     lowered = []
 
     def lower(g, backend="pallas"):
@@ -491,11 +498,14 @@ def test_a_winning_variant_at_other_numbers_is_verified_after_timing(monkeypatch
     """A `wide_variants` µGraph is timed unverified (its full-size verification costs seconds
     at 7B); where it wins, it is verified then, and keeps the verdict."""
     import mirage_jax.select as S
+    from mirage_jax import tuning
     from mirage_jax.mugraph import MuGraph
 
     base = graph()
     wide = MuGraph(base.ops, base.outputs, {**base.meta, "variant": "wide"})
-    monkeypatch.setattr(S, "wide_variants", lambda g, backend, contiguous=None: [("wide", wide)])
+    monkeypatch.setattr(
+        tuning, "wide_variants", lambda g, backend, contiguous=None: [("wide", wide)]
+    )
     verified = []
     real = S._verify
     monkeypatch.setattr(
@@ -515,3 +525,56 @@ def test_a_winning_variant_at_other_numbers_is_verified_after_timing(monkeypatch
     assert sel.best.meta.get("variant") == "wide" and sel.chosen.us == 5.0
     assert sel.chosen.verdict is not None and sel.chosen.verdict.equal
     assert verified.count("wide") == 1 and verified[-1] == "wide"  # once, after the timing
+
+
+def test_a_close_runner_up_of_another_structure_is_tuned_too():
+    """The fastest µGraph of another structure within `RETUNE_WITHIN` of the winner is tuned as
+    well, and its variant may win (gqa_stable b=16 on the H100: split-KV lost at 4 warps, won
+    at 8); one further behind, or of the winner's structure, is not tuned."""
+    from mirage_jax.lower.kernel_graph import WARPS
+    from mirage_jax.tuning import RETUNE_WITHIN, TUNED_WARPS
+
+    def run(graphs, us):
+        lowered = []
+
+        def lower(g, backend="pallas"):
+            lowered.append((g.meta["structure"], g.meta.get(WARPS)))
+            fn = fake_lower()(g, backend)
+            fn.us = us[g.meta["structure"], g.meta.get(WARPS)]
+            return fn
+
+        def timer(fn, inputs):
+            return getattr(fn, "us", 100.0), "fake"  # XLA: 100 µs
+
+        r = SearchResult(tuple(graphs), "exhausted", {})
+        sel = select(r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True)
+        return sel, sorted(lowered, key=str)
+
+    one, split = structured(graph(), "one kernel"), structured(graph(), "split")
+    fast_at_8 = {("one kernel", None): 30.0, ("one kernel", TUNED_WARPS): 33.0}
+    fast_at_8 |= {("split", None): 35.0, ("split", TUNED_WARPS): 28.0}
+    sel, lowered = run([one, split], fast_at_8)
+    assert lowered == sorted(
+        [("one kernel", None), ("split", None), ("one kernel", 8), ("split", 8)], key=str
+    )
+    assert sel.best.meta["structure"] == "split" and sel.best.meta[WARPS] == TUNED_WARPS
+    assert sel.chosen.us == 28.0
+
+    far = dict(fast_at_8)
+    far["split", None] = 30.0 * RETUNE_WITHIN + 1.0
+    sel, lowered = run([one, split], far)
+    assert ("split", TUNED_WARPS) not in lowered and sel.best.meta["structure"] == "one kernel"
+
+    same = {("one kernel", None): 30.0, ("one kernel", TUNED_WARPS): 33.0}
+    sel, lowered = run([one, structured(graph(), "one kernel")], same)
+    assert lowered.count(("one kernel", TUNED_WARPS)) == 1  # the winner's alone
+
+
+def test_tuning_bases_are_the_fastest_and_a_close_other_structure() -> None:
+    from mirage_jax.tuning import RETUNE_WITHIN, tuning_bases
+
+    a, b, c = (structured(graph(), s) for s in ("a", "b", "a"))
+    assert tuning_bases([]) == []
+    assert tuning_bases([(10.0, a)]) == [0]
+    assert tuning_bases([(12.0, b), (10.0, a), (11.0, c)]) == [1, 0]  # c: a's structure
+    assert tuning_bases([(10.0 * RETUNE_WITHIN + 0.1, b), (10.0, a)]) == [1]
