@@ -41,12 +41,12 @@ from mirage_jax.assemble import assemble
 from mirage_jax.cache import Cache
 from mirage_jax.function_check import forget_draws
 from mirage_jax.function_choice import FunctionChoice
+from mirage_jax.known_inputs import constant_inputs
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
 from mirage_jax.regions import (
     SearchAhead,
     compute_gated,
-    constant_inputs,
     region_avals,
     region_kernel,
 )

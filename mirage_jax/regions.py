@@ -24,16 +24,15 @@ from lax_ir.interface import (
     Views,
     adapt,
     apply_ops,
-    merged,
     read_view,
     view_stored_shape,
     write_view,
 )
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
+from mirage_jax.known_inputs import canonical_constants
 from mirage_jax.lower import backends
-from mirage_jax.lower.masked_steps import MASKED
-from mirage_jax.mugraph.load_steps import LOAD_STEPS, with_load_steps
+from mirage_jax.mugraph.load_steps import split_load_steps, with_load_steps
 from mirage_jax.search.order import TIME_TOP
 
 
@@ -354,13 +353,13 @@ def region_kernel(
     lower_config: Any,
     strict: bool | None = None,
     after: Sequence[Ops] | None = None,
-    known: Mapping[int, np.ndarray] | None = None,
+    known: Mapping[int, Any] | None = None,
 ) -> Callable | str:
     """The region's replacement (a custom_jvp around the lowered µGraph), or why not. `after`:
     the layout steps the program applies to each region output (`lax_ir.views.layout_after`),
     so a kernel can write an output in the layout they end in; `known`: the region's inputs
-    that are constants of the program, by position, as the region receives them
-    (`constant_inputs`), whose masks a kernel may skip (`lower.masked_steps`).
+    whose values depend on no input of the program, by position, as the region receives them
+    (`known_inputs.constant_inputs`), whose masks a kernel may skip (`lower.masked_steps`).
 
     A failure is a warning and the region runs as XLA; in strict mode it raises (`fallback`).
     """
@@ -446,15 +445,6 @@ class Stored:
     loads: dict[int, Ops] = field(default_factory=dict)
 
 
-def _load_steps(ops: Ops) -> tuple[Ops, Ops]:
-    """(the steps XLA applies, those the kernel applies on load, in order): the shifts and
-    scales by a constant, which commute with the layout steps around them."""
-    load = tuple(op for op in ops if op[0] in LOAD_STEPS)
-    if not load:
-        return ops, ()
-    return merged(tuple(op for op in ops if op[0] not in LOAD_STEPS)), load
-
-
 def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None) -> Stored:
     """The region's inputs the kernel reads in the layout they are stored in: a weight stored
     as W that the µGraph reads as Wᵀ (equinox's and Gemma's layouts), a KV cache stored
@@ -479,7 +469,7 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
     steps: dict[int, Ops] = {}
     loads: dict[int, Ops] = {}
     for k, (pos, ops) in enumerate(interface["inputs"]):
-        ops, load = _load_steps(ops)
+        ops, load = split_load_steps(ops)
         if load:
             loads[k] = load
         got = input_view(shapes[pos], ops) if in_place else None
@@ -497,44 +487,6 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
         if got is not None:
             outputs[k] = got
     return Stored(views, steps, outputs, loads)
-
-
-MAX_CONSTANT_ELEMENTS = 1 << 26
-"""Constant inputs larger than this (elements, as the kernel reads them) are not inspected."""
-
-
-def constant_inputs(program: Any, region: Any) -> dict[int, np.ndarray]:
-    """The region's inputs that are constants of the partitioned `program` (a causal mask the
-    capture folded), by the region's input position, as the region receives them."""
-    out = {}
-    for pos, i in enumerate(region.inputs):
-        node = program.nodes[i]
-        if node.op == "constant" and node.shape:
-            out[pos] = np.asarray(node.param("value").array)
-    return out
-
-
-def canonical_constants(program: Any, known: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """The region's constant inputs `known` (by its input position) as the µGraph's inputs
-    (canonical, without the steps kernels apply on load), for those that mask (hold entries at
-    most `lower.masked_steps.MASKED`) and are at most `MAX_CONSTANT_ELEMENTS`."""
-    interface = program.meta.get("interface")
-    n = len(program.input_avals)
-    inputs = interface["inputs"] if interface else tuple((k, ()) for k in range(n))
-    out = {}
-    for k, (pos, ops) in enumerate(inputs):
-        value, shape = known.get(pos), program.input_avals[k][0]
-        if value is None or value.dtype.kind != "f" or np.prod(shape) > MAX_CONSTANT_ELEMENTS:
-            continue
-        if _masks(value):  # the µGraph takes it without the steps kernels apply on load
-            out[k] = np.asarray(apply_ops(value, _load_steps(ops)[0])).reshape(shape)
-    return out
-
-
-def _masks(value: np.ndarray) -> bool:
-    """Does a float constant hold an entry that masks a score (`masked_steps.MASKED`)?"""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return bool((value <= MASKED).any())
 
 
 def region_out_dtypes(program: Any, order: Sequence[int] | None = None) -> dict[int, str]:

@@ -10,11 +10,13 @@ import jax
 import numpy as np
 import pytest
 
+from mirage_jax.known_inputs import canonical_constants, constant_inputs
 from mirage_jax.lower import kernel_graph
+from mirage_jax.lower.computed import Computed
 from mirage_jax.lower.kernel_graph import plan
 from mirage_jax.lower.masked_steps import MASKED, skippable, step_bounds
 from mirage_jax.mugraph import BlockGraphBuilder, MuGraphBuilder
-from mirage_jax.regions import canonical_constants, constant_inputs, region_kernel
+from mirage_jax.regions import region_kernel
 from tests.test_split_views import AttentionRegion
 
 
@@ -85,12 +87,26 @@ def test_nothing_is_skipped_where_it_would_not_be_exact():
     assert not skippable(p2, _bias_arg(g2, i2))
 
 
-def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_gradient(monkeypatch):
-    """`jax.nn.dot_product_attention(is_causal=True)`'s region, Triton interpreted: its folded
-    mask is known, the kernel walks bounded steps, and values and the gradient are XLA's."""
+def _unfolded(monkeypatch) -> None:
+    """Captures from here on fold no mask: jax's causal bias stays XLA's, computed from
+    constants on every call (as at 2048 tokens and more)."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["lax_ir.capture"], "MASK_FOLD_MAX_ELEMENTS", 16)
+
+
+@pytest.mark.parametrize("folded", [True, False])
+def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_gradient(
+    monkeypatch, folded
+):
+    """`jax.nn.dot_product_attention(is_causal=True)`'s region, Triton interpreted: its mask,
+    folded into a constant or computed by XLA from constants (`known_inputs.Computed`), is
+    known, the kernel walks bounded steps, and values and the gradient are XLA's."""
     from mirage_jax.search import Budget, search
 
     pytest.importorskip("triton")
+    if not folded:
+        _unfolded(monkeypatch)
     tables = []
     original = kernel_graph._step_bounds
 
@@ -103,7 +119,8 @@ def test_a_causal_region_kernel_skips_masked_steps_with_the_same_values_and_grad
     case = AttentionRegion(_causal, T=64, seed=3)
     region = case.region
     known = constant_inputs(case.part.program, region)
-    assert len(canonical_constants(region.program, known)) == 1
+    (value,) = canonical_constants(region.program, known).values()
+    assert isinstance(value, Computed) != folded
     res = search(region.program, budget=Budget(time_s=60, max_candidates=16), seed=0, workers=1)
     g = next(g for g in res.mugraphs if len(plan(g)) == 1)  # one kernel: its loop sees all keys
     decision = SimpleNamespace(mugraph=g, verification=None, cache_key="t")
@@ -176,9 +193,9 @@ def test_a_kernel_told_its_mask_walks_only_the_steps_the_table_names():
 
 
 def test_only_masking_constants_within_the_size_cap_reach_the_lowering(monkeypatch):
-    """`regions.canonical_constants`: the folded causal mask of a region, as the µGraph reads
-    it; none where the constant masks nothing or is larger than the cap."""
-    from mirage_jax import regions
+    """`known_inputs.canonical_constants`: the folded causal mask of a region, as the µGraph
+    reads it; none where the constant masks nothing or is larger than the cap."""
+    from mirage_jax import known_inputs
 
     case = AttentionRegion(_causal, T=16, seed=1)
     program = case.region.program
@@ -186,5 +203,52 @@ def test_only_masking_constants_within_the_size_cap_reach_the_lowering(monkeypat
     ((k, value),) = canonical_constants(program, known).items()
     assert value.shape == program.input_avals[k][0] and (value <= MASKED).any()
     assert canonical_constants(program, {p: np.zeros_like(v) for p, v in known.items()}) == {}
-    monkeypatch.setattr(regions, "MAX_CONSTANT_ELEMENTS", value.size - 1)
+    monkeypatch.setattr(known_inputs, "MAX_CONSTANT_ELEMENTS", value.size - 1)
     assert canonical_constants(program, known) == {}
+
+
+def test_a_computed_mask_bounds_the_steps_as_its_value_does():
+    """`step_bounds` of a `Computed` value (reduced on the device) is that of its value."""
+    import jax.numpy as jnp
+
+    g = _attention_graph()
+    ((i, p),) = plan(g).items()
+    k = _bias_arg(g, i)
+    bias = _causal_bias(64, 64)
+    lazy = Computed(lambda: jnp.asarray(bias), bias.shape, "float32")
+    want, got = step_bounds(p, k, bias), step_bounds(p, k, lazy)
+    assert got.mask == want.mask
+    np.testing.assert_array_equal(got.rows, want.rows)
+    whole = bias.copy()
+    whole[5] = -np.inf
+    assert step_bounds(p, k, Computed(lambda: jnp.asarray(whole), whole.shape, "float32")) is None
+
+
+def test_a_mask_xla_computes_from_constants_is_known_and_inputs_are_not(monkeypatch):
+    """`known_inputs.constant_inputs`: jax's causal bias, left to XLA, is a `Computed` whose
+    value is XLA's; q, k and v are not known."""
+    _unfolded(monkeypatch)
+    case = AttentionRegion(_causal, T=32, seed=1)
+    program, region = case.part.program, case.region
+    known = constant_inputs(program, region)
+    ((pos, value),) = known.items()
+    assert isinstance(value, Computed) and program.nodes[region.inputs[pos]].op == "opaque"
+    bias = np.asarray(jax.jit(value.fn)())
+    causal = np.tril(np.ones((32, 32), bool))
+    assert bias.shape == value.shape and (bias[..., causal] == 0).all()
+    assert (bias[..., ~causal] <= MASKED).all()
+
+
+def test_a_computed_mask_is_inspected_while_jax_traces():
+    """The lowering runs while jax traces the user's function: the device reduction of a
+    `Computed` mask still runs eagerly, not staged into that trace."""
+    import jax.numpy as jnp
+
+    g = _attention_graph()
+    ((i, p),) = plan(g).items()
+    k = _bias_arg(g, i)
+    bias = _causal_bias(64, 64)
+    lazy = Computed(lambda: jnp.asarray(bias), bias.shape, "float32")
+    got = []
+    jax.jit(lambda x: got.append(step_bounds(p, k, lazy)) or x)(1.0)
+    np.testing.assert_array_equal(got[0].rows, step_bounds(p, k, bias).rows)

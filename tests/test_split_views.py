@@ -256,13 +256,19 @@ class AttentionRegion:
         self.after = [layout_after(self.part.program, o, xla) for o in self.region.outputs]
 
     def _value(self, i: int, q):
-        """The region's input i: a program input, a constant, or a reshape of either."""
+        """The region's input i: a program input, a constant, a value XLA computes from
+        constants, or a reshape of one."""
         nodes, ins = self.part.program.nodes, self.part.program.inputs
         if i in ins:
             return (q, self.k, self.v)[ins.index(i)]
         if nodes[i].op == "constant":
             return np.asarray(nodes[i].param("value").array)
-        assert nodes[i].op == "reshape", nodes[i]
+        if nodes[i].op != "reshape":  # XLA computes it from constants (a causal bias)
+            from mirage_jax.known_inputs import computed
+
+            value = computed(self.part.program, i)
+            assert value is not None, nodes[i]
+            return np.asarray(jax.jit(value.fn)())
         return self._value(nodes[i].args[0], q).reshape(nodes[i].shape)
 
     def with_q(self, kernel):

@@ -20,9 +20,11 @@ whole) form a loop of their own that does not read the mask: adding 0 changes no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from mirage_jax.lower.computed import Computed
 from mirage_jax.lower.plan import KernelPlan
 from mirage_jax.lower.running_max import RESCALED, depends, running_shifts
 
@@ -78,32 +80,33 @@ class StepBounds:
     rows: np.ndarray
 
 
-def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> StepBounds | None:
+def step_bounds(plan: KernelPlan, k: int, value: np.ndarray | Computed) -> StepBounds | None:
     """Per block, its row-major index in the grid, [first, end) of the steps whose tile of
-    block input k (a constant, `value` as the kernel reads it) is not masked throughout, and
-    where in that range the leading steps whose tile is +0 throughout end; the blocks with
-    the most steps first (so the longest start first, and the short ones fill the GPU after
-    them). None where the tiles do not divide the value, a block's loop does not cover the
-    keys whole, a row masks every key, the value is too large, or no step can be skipped."""
+    block input k (a constant, `value` as the kernel reads it, or a `Computed` one) is not
+    masked throughout, and where in that range the leading steps whose tile is +0 throughout
+    end; the blocks with the most steps first (so the longest start first, and the short ones
+    fill the GPU after them). None where the tiles do not divide the value, a block's loop does
+    not cover the keys whole, a row masks every key, a constant is too large, or no step can be
+    skipped."""
     dims = plan.inputs[k]
-    value = np.asarray(value)
-    if value.shape != tuple(d.size for d in dims) or value.size > MAX_ELEMENTS:
+    if tuple(value.shape) != tuple(d.size for d in dims):
+        return None
+    if not isinstance(value, Computed) and np.asarray(value).size > MAX_ELEMENTS:
         return None
     if any(d.size % d.tile for d in dims):
         return None  # (a padded tile's extra lanes are masked: its tile is `tile` elements)
     (keys,) = [j for j, d in enumerate(dims) if d.loop]
     if dims[keys].axis is not None:
         return None  # a block sees part of each row's keys: its rows' maxes are not final
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN masks nothing; -1e30 is -inf in fp16
-        masked = value <= MASKED
-    if masked.all(axis=keys).any():
-        return None  # a row masks every key: its softmax is over the masked scores themselves
     split: list[int] = []
     for d in dims:
         split += [d.size // d.tile, d.tile]
-    tile_axes = tuple(range(1, 2 * len(dims), 2))
-    dead = masked.reshape(split).all(axis=tile_axes)
-    zero = ((value == 0) & ~np.signbit(value)).reshape(split).all(axis=tile_axes)
+    maps = _tile_maps(value, keys, tuple(split))
+    if maps is None:
+        return None
+    row_masked, dead, zero = maps
+    if row_masked:
+        return None  # a row masks every key: its softmax is over the masked scores themselves
     grid, F = plan.grid, plan.forloop_range
     ids = np.arange(int(np.prod(grid)))
     pid = list(np.unravel_index(ids, grid))  # row-major, as the kernel reads its row
@@ -125,3 +128,38 @@ def step_bounds(plan: KernelPlan, k: int, value: np.ndarray) -> StepBounds | Non
     order = np.argsort(first - end, kind="stable")  # most steps first
     rows = np.stack([ids, first, mid, end], axis=1)[order].astype(np.int32)
     return StepBounds(k, rows)
+
+
+def _tile_maps(
+    value: np.ndarray | Computed, keys: int, split: tuple[int, ...]
+) -> tuple[bool, np.ndarray, np.ndarray] | None:
+    """(does a row mask every key, per tile: masked throughout, +0 throughout) for a value
+    whose axis j is `split[2j]` tiles of `split[2j + 1]`; a `Computed` value on the device,
+    under jit (None, with a warning, where that fails: the kernel then walks every step)."""
+    if not isinstance(value, Computed):
+        return _maps(np, np.asarray(value), keys, split)
+    import jax
+    import jax.numpy as jnp
+
+    try:  # eagerly, though the lowering runs while jax traces the user's function
+        with jax.ensure_compile_time_eval():
+            got = jax.jit(lambda: _maps(jnp, value.fn(), keys, split))()
+            return bool(got[0]), np.asarray(got[1]), np.asarray(got[2])
+    except Exception as e:  # the device's memory, a primitive that does not lower
+        from mirage_jax._env import warn_once
+
+        warn_once(
+            f"masked_steps:{value.shape}",
+            f"mirage_jax: the mask of shape {value.shape} could not be inspected on the device "
+            f"({type(e).__name__}: {str(e)[:200]}); its kernel walks every loop step",
+        )
+        return None
+
+
+def _maps(xp: Any, value: Any, keys: int, split: tuple[int, ...]) -> tuple[Any, Any, Any]:
+    axes = tuple(range(1, len(split), 2))
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN masks nothing; -1e30 is -inf in fp16
+        masked = value <= MASKED
+        zero = (value == 0) & ~xp.signbit(value)
+    row = masked.all(axis=keys).any()
+    return row, masked.reshape(split).all(axis=axes), zero.reshape(split).all(axis=axes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from lax_ir.interface import Ops, merged
 from mirage_jax.mugraph.graph import (
     BlockGraph,
     BlockOp,
@@ -28,6 +29,15 @@ LOAD_STEPS = {"shift": "add_scalar", "scale": "mul_scalar"}
 the op that applies each."""
 
 Step = tuple[str, float]
+
+
+def split_load_steps(ops: Ops) -> tuple[Ops, Ops]:
+    """(the steps XLA applies, those the kernel applies on load, in order): the shifts and
+    scales by a constant, which commute with the layout steps around them."""
+    load = tuple(op for op in ops if op[0] in LOAD_STEPS)
+    if not load:
+        return ops, ()
+    return merged(tuple(op for op in ops if op[0] not in LOAD_STEPS)), load
 
 
 def _block_shifted(bg: BlockGraph, shifts: Mapping[int, Sequence[Step]]) -> BlockGraph:
