@@ -397,7 +397,8 @@ class MirageJit:
                 for searched in bar:
                     region = of[searched]
                     avals = region_avals(part, region)
-                    found[region.index] = resolver.search(region, avals, searched)
+                    known = constant_inputs(part.program, region)
+                    found[region.index] = resolver.search(region, avals, searched, known)
         for region in pending:
             decision = found[region.index] or xla_decision(
                 region, "not in the cache (search='cached')"

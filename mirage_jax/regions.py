@@ -8,6 +8,7 @@ and wraps it as a `jax.custom_jvp` whose tangent is the XLA jvp of the region. U
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -32,6 +33,7 @@ from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
 from mirage_jax.known_inputs import canonical_constants
 from mirage_jax.lower import backends
+from mirage_jax.lower.computed import Computed
 from mirage_jax.mugraph.load_steps import split_load_steps, with_load_steps
 from mirage_jax.search.order import TIME_TOP
 
@@ -84,6 +86,7 @@ def search_region(
     backend: str,
     avals: Sequence[tuple] | None = None,
     searched: Future | None = None,
+    known: Mapping[int, Any] | None = None,
 ) -> SearchOutcome:
     """Search µGraphs for one region and select the fastest verified one, or XLA.
 
@@ -95,10 +98,15 @@ def search_region(
     With the region's own input `avals` (shape, dtype), a region with layout steps at its
     interface is timed as its function calls it: those steps included (`select.InContext`).
     `searched`: the search already started by `SearchAhead` (its result is selected from).
+    `known`: the region's inputs whose values depend on no input, by its input position
+    (`known_inputs.constant_inputs`): candidates are timed and checked with those values, and
+    lowered knowing them (a kernel skips the steps a mask hides whole), as they will run.
     """
     if searched is not None:
-        return eagerly(select_searched_or_not, searched.result(), program, opts, backend, avals)
-    return eagerly(_search_and_select, _search_module(), program, opts, backend, avals)
+        found = searched.result()
+        return eagerly(select_searched_or_not, found, program, opts, backend, avals, known)
+    search_mod = _search_module()
+    return eagerly(_search_and_select, search_mod, program, opts, backend, avals, known)
 
 
 def _search_module() -> Any:
@@ -204,12 +212,17 @@ def _search_ahead(program: Any, opts: Any, gate: Future) -> Any:
 
 
 def select_searched_or_not(
-    found: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+    found: Any,
+    program: Any,
+    opts: Any,
+    backend: str,
+    avals: Sequence[tuple] | None = None,
+    known: Mapping[int, Any] | None = None,
 ) -> SearchOutcome:
     """`select_searched` for a `search_only` result (a `SearchOutcome` passes through)."""
     if isinstance(found, SearchOutcome):
         return found
-    return select_searched(found, program, opts, backend, avals)
+    return select_searched(found, program, opts, backend, avals, known)
 
 
 def eagerly(fn: Callable[..., Any], *args: Any) -> Any:
@@ -221,24 +234,53 @@ def eagerly(fn: Callable[..., Any], *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
+def with_values(
+    draw: Callable[[int], Sequence[Any]], values: Mapping[int, Any]
+) -> Callable[[int], list[Any]]:
+    """`draw(seed)` with the inputs at the positions of `values` replaced by their values (a
+    constant, or a `Computed` evaluated once, on the default device)."""
+    if not values:
+        return lambda seed: list(draw(seed))
+
+    @functools.cache
+    def value(k: int) -> Any:
+        v = values[k]
+        if isinstance(v, Computed):
+            with jax.ensure_compile_time_eval():
+                return jax.jit(v.fn)()
+        return v
+
+    return lambda seed: [value(k) if k in values else x for k, x in enumerate(draw(seed))]
+
+
 def region_avals(part: Any, region: Any) -> list[tuple[tuple[int, ...], str]]:
     """The (shape, dtype) of each of `region`'s own inputs in its partition's program."""
     nodes = part.program.nodes
     return [(tuple(nodes[i].shape), nodes[i].dtype) for i in region.inputs]
 
 
-def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) -> Any:
+def in_context(
+    program: Any,
+    opts: Any,
+    backend: str,
+    avals: Sequence[tuple],
+    known: Mapping[int, Any] | None = None,
+) -> Any:
     """`select.InContext` for a region whose interface has layout steps: random inputs of the
-    region's own `avals`, XLA and kernels wrapped in the steps (`adapt`), kernels reading the
-    inputs in the layout they are stored in (`stored_views`) as `region_kernel` does."""
+    region's own `avals` (those in `known` at their values), XLA and kernels wrapped in the
+    steps (`adapt`), kernels reading the inputs in the layout they are stored in
+    (`stored_views`) and knowing `known`, as `region_kernel` does."""
     from lax_ir.domain import nonnegative_inputs
     from mirage_jax.select import InContext, random_arrays
 
     st = stored_views(program, backend)
     canonical = nonnegative_inputs(program)  # drawn so at the region's own positions
     own = {pos for k, (pos, _) in enumerate(program.meta["interface"]["inputs"]) if k in canonical}
+    told = canonical_constants(program, known or {})
     return InContext(
-        inputs=lambda seed: random_arrays(avals, opts.seed + seed, nonnegative=own),
+        inputs=with_values(
+            lambda seed: random_arrays(avals, opts.seed + seed, nonnegative=own), known or {}
+        ),
         wrap=lambda fn, kernel: adapt(fn, program, stored=st.steps if kernel else None),
         lower=lambda g, backend, order=None: lower_mugraph(
             g,
@@ -248,15 +290,21 @@ def in_context(program: Any, opts: Any, backend: str, avals: Sequence[tuple]) ->
             None,
             region_out_dtypes(program, order),
             st.loads,
+            told,
         ),
     )
 
 
 def _search_and_select(
-    search_mod: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+    search_mod: Any,
+    program: Any,
+    opts: Any,
+    backend: str,
+    avals: Sequence[tuple] | None = None,
+    known: Mapping[int, Any] | None = None,
 ) -> SearchOutcome:
     return select_searched_or_not(
-        search_only(search_mod, program, opts), program, opts, backend, avals
+        search_only(search_mod, program, opts), program, opts, backend, avals, known
     )
 
 
@@ -286,10 +334,16 @@ def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
 
 
 def select_searched(
-    result: Any, program: Any, opts: Any, backend: str, avals: Sequence[tuple] | None = None
+    result: Any,
+    program: Any,
+    opts: Any,
+    backend: str,
+    avals: Sequence[tuple] | None = None,
+    known: Mapping[int, Any] | None = None,
 ) -> SearchOutcome:
     """The selection half of `search_region`: lower, check and (on a GPU) time the searched
-    µGraphs of `result` against XLA (`mirage_jax.select`); what the cache stores."""
+    µGraphs of `result` against XLA (`mirage_jax.select`), with the `known` inputs' values
+    (`search_region`); what the cache stores."""
     from mirage_jax import compute_gate
     from mirage_jax.cache import mugraph_to_json
     from mirage_jax.search import Budget
@@ -298,6 +352,7 @@ def select_searched(
     t0 = time.perf_counter()
     timed = timed_here(backend)
     context = timed and has_steps(program, avals)
+    told = canonical_constants(program, known or {})  # by µGraph input
     sel = select(
         result,
         program,
@@ -305,15 +360,15 @@ def select_searched(
         top=int(opts.options.get("time_top", TIME_TOP)) if timed else None,
         tie=0.0,
         timed=timed,  # by select's default clock, the results tables' (profile.time_trace)
-        inputs=lambda s: random_inputs(program, opts.seed + s),
+        inputs=with_values(lambda s: random_inputs(program, opts.seed + s), told),
         rtol=FLOAT_TOL,
-        lower=lambda g, backend: jax.jit(lower_mugraph(g, backend, opts.lower_config)),
+        lower=lambda g, backend: jax.jit(lower_mugraph(g, backend, opts.lower_config, known=told)),
         verify_trials=Budget().trials,  # the search's: its full-size verdicts are reused
         seed=opts.seed,
         strict=opts.strict,
         tune_warps=opts.lower_config is None,
         compile_threads=int(opts.options.get("compile_threads", 4)),
-        context=in_context(program, opts, backend, avals) if context else None,
+        context=in_context(program, opts, backend, avals, known) if context else None,
         xla=compute_gate.known_xla(program, opts, backend, context) if timed else None,
         near=float(opts.options.get("runner_up_within", RUNNER_UP_WITHIN)) if timed else 0.0,
     )

@@ -86,13 +86,18 @@ class Resolver:
         return decision
 
     def search(
-        self, region: Any, avals: Sequence[tuple] | None = None, searched: Any = None
+        self,
+        region: Any,
+        avals: Sequence[tuple] | None = None,
+        searched: Any = None,
+        known: Mapping[int, Any] | None = None,
     ) -> RegionDecision:
         """Search the region and store the result (an XLA decision if it cannot run); with the
         region's own input `avals`, candidates are timed as the function calls the region;
-        `searched`: its search already started (`regions.SearchAhead`)."""
+        `searched`: its search already started (`regions.SearchAhead`); `known`: its inputs
+        whose values depend on no input (`known_inputs.constant_inputs`)."""
         key = self.key(region)
-        decision = self._search(region, key, avals, searched)
+        decision = self._search(region, key, avals, searched, known)
         self.owner._memo[key] = decision
         return decision
 
@@ -131,11 +136,16 @@ class Resolver:
         )
 
     def _search(
-        self, region: Any, key: str, avals: Sequence[tuple] | None, searched: Any = None
+        self,
+        region: Any,
+        key: str,
+        avals: Sequence[tuple] | None,
+        searched: Any = None,
+        known: Mapping[int, Any] | None = None,
     ) -> RegionDecision:
         owner = self.owner
         try:
-            found = search_region(region.program, owner.opts, self.backend, avals, searched)
+            found = search_region(region.program, owner.opts, self.backend, avals, searched, known)
         except SearchUnavailable as e:
             fallback(
                 "search-unavailable",

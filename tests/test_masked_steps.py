@@ -4,6 +4,7 @@ generator reads (`triton.build_kernel(steps=)`), with the same outputs and deriv
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import jax
@@ -252,3 +253,56 @@ def test_a_computed_mask_is_inspected_while_jax_traces():
     got = []
     jax.jit(lambda x: got.append(step_bounds(p, k, lazy)) or x)(1.0)
     np.testing.assert_array_equal(got[0].rows, step_bounds(p, k, bias).rows)
+
+
+def test_candidates_are_timed_and_checked_with_the_mask_they_will_run_with(monkeypatch):
+    """In context, `select` lowers each candidate knowing the region's mask (so it times the
+    bounded loops that will run) and feeds it the mask's own value beside random q, k, v: the
+    float check passes; fed a random mask instead, the bounded kernels would be wrong."""
+    from mirage_jax.regions import in_context, region_avals, with_values
+    from mirage_jax.search import Budget, search
+    from mirage_jax.select import select
+
+    pytest.importorskip("triton")
+    tables = []
+    original = kernel_graph._step_bounds
+    monkeypatch.setattr(
+        kernel_graph, "_step_bounds", lambda *a: tables.append(original(*a)) or tables[-1]
+    )
+    case = AttentionRegion(_causal, T=64, seed=3)
+    program, region = case.region.program, case.region
+    known = constant_inputs(case.part.program, region)
+    avals = region_avals(case.part, region)
+    res = search(program, budget=Budget(time_s=60, max_candidates=16), seed=0, workers=1)
+    one = tuple(g for g in res.mugraphs if len(plan(g)) == 1)[:1]  # its loop sees all keys
+    res = dataclasses.replace(res, mugraphs=one)
+    opts = SimpleNamespace(seed=0, lower_config=None)
+    fed = []
+
+    def timer(fn, inputs):
+        fed.append(inputs(0))
+        return 1.0
+
+    context = in_context(program, opts, "triton", avals, known)
+    xla = (10.0, "given")
+    sel = select(res, program, backend="triton", top=1, timer=timer, context=context, xla=xla)
+    assert sel.best is not None and all(c.error == "" for c in sel.contenders[1:]), sel.contenders
+    assert any(t is not None for t in tables)  # the timed kernel walks bounded steps
+    ((pos, mask),) = known.items()
+    assert all(np.array_equal(np.asarray(xs[pos]), mask) for xs in fed)
+    blind = dataclasses.replace(context, inputs=with_values(context.inputs, {pos: -mask}))
+    bad = select(res, program, backend="triton", top=1, timer=timer, context=blind, xla=xla)
+    assert bad.best is None and bad.contenders[1].error.startswith("wrong result")
+
+
+def test_with_values_replaces_the_known_positions_of_every_draw():
+    import jax.numpy as jnp
+
+    from mirage_jax.regions import with_values
+
+    draw = lambda seed: [np.full(2, seed), np.full(3, seed), np.full(2, seed)]  # noqa: E731
+    lazy = Computed(lambda: jnp.arange(2.0), (2,), "float32")
+    got = with_values(draw, {1: np.ones(3), 2: lazy})
+    for seed in (0, 5):
+        a, b, c = got(seed)
+        assert (a == seed).all() and (b == 1).all() and np.array_equal(np.asarray(c), [0.0, 1.0])
