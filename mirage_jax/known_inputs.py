@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from lax_ir.interface import apply_ops
@@ -169,3 +170,22 @@ def _masks(value: np.ndarray) -> bool:
     """Does a float constant hold an entry that masks a score (`masked_steps.MASKED`)?"""
     with np.errstate(invalid="ignore", over="ignore"):
         return bool((value <= MASKED).any())
+
+
+def with_values(
+    draw: Callable[[int], Sequence[Any]], values: Mapping[int, Any]
+) -> Callable[[int], list[Any]]:
+    """`draw(seed)` with the inputs at the positions of `values` replaced by their values (a
+    constant, or a `Computed` evaluated once, on the default device)."""
+    if not values:
+        return lambda seed: list(draw(seed))
+
+    @functools.cache
+    def value(k: int) -> Any:
+        v = values[k]
+        if isinstance(v, Computed):
+            with jax.ensure_compile_time_eval():
+                return jax.jit(v.fn)()
+        return v
+
+    return lambda seed: [value(k) if k in values else x for k, x in enumerate(draw(seed))]

@@ -8,7 +8,6 @@ and wraps it as a `jax.custom_jvp` whose tangent is the XLA jvp of the region. U
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -31,9 +30,8 @@ from lax_ir.interface import (
 )
 from lax_ir.views import free_reshape, input_view, output_view
 from mirage_jax._env import device_kind, fallback, has_gpu, warn_once
-from mirage_jax.known_inputs import canonical_constants
+from mirage_jax.known_inputs import canonical_constants, with_values
 from mirage_jax.lower import backends
-from mirage_jax.lower.computed import Computed
 from mirage_jax.mugraph.load_steps import split_load_steps, with_load_steps
 from mirage_jax.search.order import TIME_TOP
 
@@ -232,25 +230,6 @@ def eagerly(fn: Callable[..., Any], *args: Any) -> Any:
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirage_jax-eager") as pool:
         return pool.submit(fn, *args).result()
-
-
-def with_values(
-    draw: Callable[[int], Sequence[Any]], values: Mapping[int, Any]
-) -> Callable[[int], list[Any]]:
-    """`draw(seed)` with the inputs at the positions of `values` replaced by their values (a
-    constant, or a `Computed` evaluated once, on the default device)."""
-    if not values:
-        return lambda seed: list(draw(seed))
-
-    @functools.cache
-    def value(k: int) -> Any:
-        v = values[k]
-        if isinstance(v, Computed):
-            with jax.ensure_compile_time_eval():
-                return jax.jit(v.fn)()
-        return v
-
-    return lambda seed: [value(k) if k in values else x for k, x in enumerate(draw(seed))]
 
 
 def region_avals(part: Any, region: Any) -> list[tuple[tuple[int, ...], str]]:

@@ -259,7 +259,8 @@ def test_candidates_are_timed_and_checked_with_the_mask_they_will_run_with(monke
     """In context, `select` lowers each candidate knowing the region's mask (so it times the
     bounded loops that will run) and feeds it the mask's own value beside random q, k, v: the
     float check passes; fed a random mask instead, the bounded kernels would be wrong."""
-    from mirage_jax.regions import in_context, region_avals, with_values
+    from mirage_jax.known_inputs import with_values
+    from mirage_jax.regions import in_context, region_avals
     from mirage_jax.search import Budget, search
     from mirage_jax.select import select
 
@@ -298,7 +299,7 @@ def test_candidates_are_timed_and_checked_with_the_mask_they_will_run_with(monke
 def test_with_values_replaces_the_known_positions_of_every_draw():
     import jax.numpy as jnp
 
-    from mirage_jax.regions import with_values
+    from mirage_jax.known_inputs import with_values
 
     draw = lambda seed: [np.full(2, seed), np.full(3, seed), np.full(2, seed)]  # noqa: E731
     lazy = Computed(lambda: jnp.arange(2.0), (2,), "float32")
