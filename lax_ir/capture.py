@@ -445,6 +445,25 @@ def _reshape(b: _Builder, ins, params, shape, dtype):
     return b.reshape(ins[0], shape)
 
 
+def _and(b: _Builder, ins, params, shape, dtype):
+    """x & True is x: jax's causal mask is `and`ed with an all-true mask the size of the
+    scores, which hid that the mask is a broadcast of [T, S] (2048 tokens and more, where it
+    is not folded). Boolean operands of the output's rank only."""
+    if len(ins) != 2 or dtype != "bool":
+        return None
+    for true, other in ((ins[0], ins[1]), (ins[1], ins[0])):
+        value = _constant_scalar(b, true)
+        have = b.shape(other)
+        if value is None or not bool(value) or b.dtype(other) != "bool" or len(have) != len(shape):
+            continue
+        if have == shape:
+            return other
+        if all(h in (1, n) for h, n in zip(have, shape)):
+            dims = tuple(range(len(shape)))
+            return b.op("broadcast_in_dim", (other,), shape, dtype, broadcast_dimensions=dims)
+    return None
+
+
 def _squeeze(b: _Builder, ins, params, shape, dtype):
     return b.reshape(ins[0], shape)
 
@@ -516,4 +535,5 @@ _RULES: dict[str, Callable[..., int | None]] = {
     "concatenate": _concatenate,
     "dot_general": _dot_general,
     "select_n": _select_n,
+    "and": _and,
 }

@@ -88,3 +88,42 @@ def test_a_causal_mask_that_depends_on_no_input_is_a_constant_bias():
     got = jax.jit(lax_ir.rebuild(part))(q, k, v)
     np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(f)(q, k, v)), rtol=1e-5,
                                atol=1e-5)  # fmt: skip
+
+
+def test_jax_causal_mask_left_to_xla_is_made_at_its_own_shape(monkeypatch):
+    """Where the capture does not fold jax's causal mask (2048 tokens and more; here by a small
+    fold limit), its `and` with an all-true mask and its reshape for the query groups are seen
+    through: XLA makes the bias at [T, S] and the region reads it broadcast, instead of making
+    it at (batch, heads, T, S) on every call; the values are jax's."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["lax_ir.capture"], "MASK_FOLD_MAX_ELEMENTS", 16)
+
+    def causal(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(rng.standard_normal((2, 64, 4, 16)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((2, 64, 2, 16)), jnp.float32) for _ in range(2))
+    p = lax_ir.capture(causal, q, k, v)
+    assert not any(n.op == "opaque" and n.param("payload").primitive.name == "and" for n in p.nodes)
+    part = lax_ir.partition(p)
+    (region,) = [r for r in part.regions if "exp" in r.program.op_counts()]
+    (bias,) = [p.nodes[i] for i in region.inputs if p.nodes[i].op == "opaque"]
+    assert bias.shape == (1, 1, 1, 64, 64)
+    got = jax.jit(lax_ir.rebuild(part))(q, k, v)
+    want = jax.jit(causal)(q, k, v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_an_and_with_true_is_its_other_operand_and_keeps_its_value():
+    def f(x, m):
+        both = jnp.logical_and(jnp.ones((3, 5), bool), m[None, :])
+        return jnp.where(both.reshape(3, 1, 5), x[:, None, :], 0.0)
+
+    x = jnp.arange(15.0).reshape(3, 5)
+    m = jnp.asarray([True, False, True, True, False])
+    p = lax_ir.capture(f, x, m)
+    assert not any(n.op == "opaque" and n.param("payload").primitive.name == "and" for n in p.nodes)
+    got = jax.jit(lax_ir.rebuild(lax_ir.partition(p)))(x, m)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(x, m)))
