@@ -21,12 +21,12 @@ import numpy as np
 from lax_ir.interface import apply_ops
 from lax_ir.interpret import FloatAlgebra, eval_node
 from mirage_jax.lower.computed import Computed
-from mirage_jax.lower.masked_steps import MASKED
+from mirage_jax.lower.masked_steps import MASKED, MAX_ELEMENTS
 from mirage_jax.mugraph.load_steps import split_load_steps
 
-MAX_CONSTANT_ELEMENTS = 1 << 26
+MAX_CONSTANT_ELEMENTS = MAX_ELEMENTS
 """Constant inputs larger than this (elements, as the kernel reads them) are not inspected: it
-is done on the host."""
+is done on the host (the masked steps' own bound, `masked_steps.MAX_ELEMENTS`)."""
 
 MAX_COMPUTED_ELEMENTS = 1 << 31
 """Computed inputs larger than this (elements, as the kernel reads them) are not inspected; at

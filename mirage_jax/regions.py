@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 
 import lax_ir
 from lax_ir.interface import (
@@ -331,7 +330,8 @@ def select_searched(
     t0 = time.perf_counter()
     timed = timed_here(backend)
     context = timed and has_steps(program, avals)
-    told = canonical_constants(program, known or {})  # by µGraph input
+    # by µGraph input, for the canonical-input timing (in context, `in_context` has its own)
+    told = {} if context else canonical_constants(program, known or {})
     sel = select(
         result,
         program,
@@ -539,7 +539,7 @@ def lower_mugraph(
     out_views: Views | None = None,
     out_dtypes: Mapping[int, str] | None = None,
     loads: Mapping[int, Ops] | None = None,
-    known: Mapping[int, np.ndarray] | None = None,
+    known: Mapping[int, Any] | None = None,
 ) -> Callable[..., Sequence[Any]]:
     """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
     inputs in `views` arrive as stored, outputs in `out_views` leave as stored, outputs in

@@ -307,3 +307,19 @@ def test_with_values_replaces_the_known_positions_of_every_draw():
     for seed in (0, 5):
         a, b, c = got(seed)
         assert (a == seed).all() and (b == 1).all() and np.array_equal(np.asarray(c), [0.0, 1.0])
+
+
+def test_a_computed_mask_is_reduced_once_for_many_lowerings():
+    """`select` lowers many candidates of one region knowing the same `Computed` mask: its value
+    is made and reduced on the device once per tiling, not once per lowering."""
+    import jax.numpy as jnp
+
+    g = _attention_graph()
+    ((i, p),) = plan(g).items()
+    k = _bias_arg(g, i)
+    bias = _causal_bias(64, 64)
+    made = []
+    lazy = Computed(lambda: made.append(1) or jnp.asarray(bias), bias.shape, "float32")
+    first, again = step_bounds(p, k, lazy), step_bounds(p, k, lazy)
+    np.testing.assert_array_equal(first.rows, again.rows)
+    assert len(made) == 1

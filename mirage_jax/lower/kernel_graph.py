@@ -21,6 +21,7 @@ from lax_ir import FloatAlgebra
 from lax_ir.interface import SplitView, View, Views, read_view, view_stored_shape, write_view
 from lax_ir.layouts import swap_perm
 from mirage_jax.lower import backends
+from mirage_jax.lower.computed import Computed
 from mirage_jax.lower.masked_steps import StepBounds, skippable, step_bounds
 from mirage_jax.lower.plan import MIN_DOT, KernelPlan, SharedMemoryError, plan_kernel
 from mirage_jax.lower.registry import LoweringError
@@ -115,7 +116,7 @@ def lower(
     views: Views | Collection[int] = frozenset(),
     out_views: Views | None = None,
     out_dtypes: Mapping[int, str] | None = None,
-    known: Mapping[int, np.ndarray] | None = None,
+    known: Mapping[int, np.ndarray | Computed] | None = None,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """Lower a µGraph to a jitted JAX function of its inputs returning a tuple of its outputs.
 
@@ -131,7 +132,8 @@ def lower(
     to that dtype (the region's own: a µGraph may keep an fp32 accumulator as its output),
     stored so by the kernel that produces it alone where the backend can (`NARROW_STORES`),
     else rounded by XLA. Inputs at the positions in `known` always have that value (a
-    constant of the program: a causal mask); a kernel of a backend that can (`bounds_refusal`)
+    constant of the program, or a `Computed` one XLA makes from constants: a causal mask); a
+    kernel of a backend that can (`bounds_refusal`)
     skips the loop steps it masks whole (`masked_steps`). The function must then be called
     with those values.
 
@@ -307,7 +309,12 @@ def _narrowed(
 
 
 def _step_bounds(
-    mugraph: MuGraph, i: int, p: Any, config: Any, mod: Any, known: Mapping[int, np.ndarray]
+    mugraph: MuGraph,
+    i: int,
+    p: Any,
+    config: Any,
+    mod: Any,
+    known: Mapping[int, np.ndarray | Computed],
 ) -> StepBounds | None:
     """The table of loop steps kernel op i may walk (`masked_steps.step_bounds`) from the first
     of its inputs with a known value that masks steps whole; None where none does, or the

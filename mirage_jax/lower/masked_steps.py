@@ -19,6 +19,7 @@ whole) form a loop of their own that does not read the mask: adding 0 changes no
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,13 +139,8 @@ def _tile_maps(
     under jit (None, with a warning, where that fails: the kernel then walks every step)."""
     if not isinstance(value, Computed):
         return _maps(np, np.asarray(value), keys, split)
-    import jax
-    import jax.numpy as jnp
-
-    try:  # eagerly, though the lowering runs while jax traces the user's function
-        with jax.ensure_compile_time_eval():
-            got = jax.jit(lambda: _maps(jnp, value.fn(), keys, split))()
-            return bool(got[0]), np.asarray(got[1]), np.asarray(got[2])
+    try:
+        return _device_maps(value, keys, split)
     except Exception as e:  # the device's memory, a primitive that does not lower
         from mirage_jax._env import warn_once
 
@@ -154,6 +150,21 @@ def _tile_maps(
             f"({type(e).__name__}: {str(e)[:200]}); its kernel walks every loop step",
         )
         return None
+
+
+@functools.lru_cache(maxsize=16)
+def _device_maps(
+    value: Computed, keys: int, split: tuple[int, ...]
+) -> tuple[bool, np.ndarray, np.ndarray]:
+    """`_maps` of a `Computed` value on the device, once per value and tiling (`select` lowers
+    many candidates of one region with the same mask), eagerly though the lowering runs while
+    jax traces the user's function."""
+    import jax
+    import jax.numpy as jnp
+
+    with jax.ensure_compile_time_eval():
+        got = jax.jit(lambda: _maps(jnp, value.fn(), keys, split))()
+        return bool(got[0]), np.asarray(got[1]), np.asarray(got[2])
 
 
 def _maps(xp: Any, value: Any, keys: int, split: tuple[int, ...]) -> tuple[Any, Any, Any]:
