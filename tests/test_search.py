@@ -253,6 +253,46 @@ def test_a_split_gets_variants_over_more_parts_with_the_same_values():
             np.testing.assert_allclose(u, v, rtol=1e-9, atol=1e-12)
 
 
+def test_a_split_kernel_of_few_blocks_gets_a_variant_over_twice_the_rows(monkeypatch):
+    """`tuning.row_split_variants`: a split-KV µGraph whose split kernel runs tiles of at least
+    `ROW_SPLIT_MIN_ROWS` rows (here: the test size's rows) in at most one block per SM gets a
+    variant with twice the blocks along the rows, computing the same; smaller tiles get none."""
+    from mirage_jax import tuning
+    from mirage_jax.mugraph.resize import with_numbers
+    from mirage_jax.select import random_inputs
+
+    p, r = searched("gqa_stable")
+    g = next(
+        g
+        for g in r.mugraphs
+        if len(kernels(g)) == 2
+        and "split" in g.meta["structure"]
+        and kernels(g)[0].block_graph.forloop_range > 1
+    )
+    (a, first), _ = g.graph_defined()
+    bg = first.block_graph
+    out = bg.outputs[-1]  # the partial outputs: split along the heads and the rows
+    split = [x for x, d in enumerate(bg.inputs[1].imap) if d == bg.inputs[1].forloop_dim]
+    axis = max(
+        (x for x, d in enumerate(out.omap) if d is not None and x not in split),
+        key=lambda x: g.shapes[(a, len(bg.outputs) - 1)][0][out.omap[x]],
+    )
+    rows = g.shapes[(a, len(bg.outputs) - 1)][0][out.omap[axis]]
+    one = tuple(1 if x == axis else n for x, n in enumerate(bg.grid))
+    base = with_numbers(g, {a: (one, bg.forloop_range)})  # the rows in one tile
+    monkeypatch.setattr(tuning, "ROW_SPLIT_MIN_ROWS", rows)
+    variants = tuning.row_split_variants(base)
+    assert len(variants) == 1
+    label, h = variants[0]
+    grid = dict(h.graph_defined())[a].block_graph.grid
+    assert math.prod(grid) == 2 * math.prod(one), label
+    xs = [np.asarray(x) for x in random_inputs(p, 0)]
+    for u, v in zip(evaluate_reference(h, *xs), evaluate_reference(base, *xs)):
+        np.testing.assert_allclose(u, v, rtol=1e-9, atol=1e-12)
+    monkeypatch.setattr(tuning, "ROW_SPLIT_MIN_ROWS", 2 * rows)
+    assert tuning.row_split_variants(base) == []
+
+
 def test_gqa_stable_online_softmax():
     p, r = searched("gqa_stable")
 
