@@ -5,7 +5,8 @@ linen's LayerNorm computes the variance (plus epsilon) in one region and its squ
 the next, so that region's input is a variance. Random inputs of either sign made its float64
 reference NaN, and every candidate failed the float check ("wrong result: nan"). Inputs that
 reach the operand of an op whose meaning needs a non-negative operand (`OpInfo.nonnegative`:
-sqrt) through ops that keep non-negative values non-negative are drawn as |N(0, s²)| instead.
+sqrt) through ops that keep non-negative values non-negative are drawn as |N(0, s²)| instead;
+squares (x * x, even powers) are non-negative whatever their operand's sign.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def nonnegative_inputs(program: Program) -> frozenset[int]:
             found.add(position[i])
         elif n.op == "integer_pow" and int(n.param("y", 1)) % 2 == 0:
             continue  # an even power is non-negative whatever its operand
+        elif n.op == "mul" and len(n.args) == 2 and n.args[0] == n.args[1]:
+            continue  # so is a square, x * x (rms_norm's; drawn of both signs, H100 2026-11-27:
+            # qknorm's Q and K drawn |N| overflowed jax's fp16 softmax sum, and the
+            # whole-function check then kept XLA on a correct kernel)
         elif n.op in _KEEPS_SIGN and not any(_negative_constant(nodes[a]) for a in n.args):
             need.extend(n.args)
     return frozenset(found)

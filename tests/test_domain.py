@@ -27,10 +27,29 @@ def test_inputs_reaching_a_square_root_through_sign_keeping_ops_are_nonnegative(
     assert nonnegative_inputs(p) == set()
     p = program_of(lambda a: jnp.sqrt(a**2), (4,))  # an even power: any sign
     assert nonnegative_inputs(p) == set()
+    p = program_of(lambda a, b: jnp.sqrt(jnp.mean(a * a, -1) + b), (4, 8), (4,))  # a square
+    assert nonnegative_inputs(p) == {1}
+    p = program_of(lambda a, b: jnp.sqrt(a * b), (4,), (4,))  # a product of two: both
+    assert nonnegative_inputs(p) == {0, 1}
     p = program_of(lambda a: jnp.sqrt(a * -1.0), (4,))
     assert nonnegative_inputs(p) == set()
     xs = random_inputs(program_of(lambda v, x: x / jnp.sqrt(v + 1e-5), (64, 1), (64, 8)), 0)
     assert (xs[0] >= 0).all() and (xs[1] < 0).any()
+
+
+def test_rms_normed_attention_inputs_are_drawn_of_both_signs():
+    """qknorm (rms_norm of Q and K, softmax in fp16): its inputs reach a square root only
+    squared, so they keep their signs; drawn |N| they made jax's own fp16 softmax sum overflow
+    (its output all zeros) and the whole-function check rejected a correct kernel (H100,
+    2026-11-27)."""
+    from experiments import benchmarks
+
+    bm = benchmarks.get("qknorm", 1)
+    p = lax_ir.capture(bm.fn, *bm.inputs)
+    assert nonnegative_inputs(p) == set()
+    xs = random_inputs(p, 0)
+    out = np.asarray(jax.jit(bm.fn)(*[jnp.asarray(x) for x in xs]), np.float64)
+    assert np.isfinite(out).all() and np.abs(out).max() > 1e-3
 
 
 def test_a_flax_linen_layernorm_mlp_block_gets_a_kernel_after_its_variance(tmp_path):
