@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -102,7 +103,7 @@ def computed(program: Any, i: int) -> Computed | None:
     if cone is None:
         return None
     node = program.nodes[i]
-    return Computed(functools.partial(_evaluate, program, cone, i), tuple(node.shape), node.dtype)
+    return Computed(_Evaluate(program, tuple(cone), i), tuple(node.shape), node.dtype)
 
 
 def input_free_cone(program: Any, i: int) -> list[int] | None:
@@ -126,14 +127,24 @@ def input_free_cone(program: Any, i: int) -> list[int] | None:
     return sorted(seen)
 
 
-def _evaluate(program: Any, cone: list[int], i: int) -> Any:
-    """Node i's value from its `cone` (jnp, each node in its own dtype: as XLA computes it)."""
-    algebra = FloatAlgebra()
-    env: dict[int, Any] = {}
-    for n in cone:
-        node = program.nodes[n]
-        env[n] = eval_node(algebra, node, [env[a] for a in node.args])
-    return env[i]
+@dataclass(frozen=True)
+class _Evaluate:
+    """Node i's value from its `cone` (jnp, each node in its own dtype: as XLA computes it);
+    equal for the same node of equal programs (`Program` compares by content), so
+    `constant_inputs` called twice for one region (its selection, its kernel) gives equal
+    `Computed` values."""
+
+    program: Any
+    cone: tuple[int, ...]
+    i: int
+
+    def __call__(self) -> Any:
+        algebra = FloatAlgebra()
+        env: dict[int, Any] = {}
+        for n in self.cone:
+            node = self.program.nodes[n]
+            env[n] = eval_node(algebra, node, [env[a] for a in node.args])
+        return env[self.i]
 
 
 def canonical_constants(
@@ -154,16 +165,23 @@ def canonical_constants(
         steps = split_load_steps(ops)[0]  # the µGraph takes it without the load steps
         if isinstance(value, Computed):
             if math.prod(shape) <= MAX_COMPUTED_ELEMENTS:
-                out[k] = value.then(functools.partial(_canonical, steps, shape), shape)
+                out[k] = value.then(_Canonical(steps, shape), shape)
         elif (
             value.dtype.kind == "f" and math.prod(shape) <= MAX_CONSTANT_ELEMENTS and _masks(value)
         ):
-            out[k] = np.asarray(_canonical(steps, shape, value))
+            out[k] = np.asarray(_Canonical(steps, shape)(value))
     return out
 
 
-def _canonical(steps: Any, shape: tuple[int, ...], value: Any) -> Any:
-    return apply_ops(value, steps).reshape(shape)
+@dataclass(frozen=True)
+class _Canonical:
+    """A known input's value as the µGraph takes it: the layout `steps`, then `shape`."""
+
+    steps: Any
+    shape: tuple[int, ...]
+
+    def __call__(self, value: Any) -> Any:
+        return apply_ops(value, self.steps).reshape(self.shape)
 
 
 def _masks(value: np.ndarray) -> bool:

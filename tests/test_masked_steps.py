@@ -238,6 +238,15 @@ def test_a_mask_xla_computes_from_constants_is_known_and_inputs_are_not(monkeypa
     causal = np.tril(np.ones((32, 32), bool))
     assert bias.shape == value.shape and (bias[..., causal] == 0).all()
     assert (bias[..., ~causal] <= MASKED).all()
+    # asked again (the region's kernel after its selection), the same value: equal, so what
+    # the device reduces of it (`masked_steps._device_maps`) is reduced once
+    assert constant_inputs(program, region) == known
+    again = canonical_constants(region.program, constant_inputs(program, region))
+    assert again and again == canonical_constants(region.program, known)
+    assert len(
+        {hash(v) for v in again.values()}
+        | {hash(v) for v in canonical_constants(region.program, known).values()}
+    ) == len(again)
 
 
 def test_a_computed_mask_is_inspected_while_jax_traces():

@@ -20,6 +20,19 @@ class Computed:
     dtype: str
 
     def then(self, step: Callable[[Any], Any], shape: tuple[int, ...]) -> Computed:
-        """The value after `step` (reshapes, transposes: `lax_ir.interface.apply_ops`)."""
-        fn = self.fn
-        return Computed(lambda: step(fn()), tuple(shape), self.dtype)
+        """The value after `step` (reshapes, transposes: `lax_ir.interface.apply_ops`); equal
+        to another's where both `fn` and `step` are (a value made twice from the same nodes
+        and steps, so what is asked of it on the device is asked once:
+        `masked_steps._device_maps`)."""
+        return Computed(_Then(self.fn, step), tuple(shape), self.dtype)
+
+
+@dataclass(frozen=True)
+class _Then:
+    """`step(fn())`, equal where `fn` and `step` are."""
+
+    fn: Callable[[], Any]
+    step: Callable[[Any], Any]
+
+    def __call__(self) -> Any:
+        return self.step(self.fn())
