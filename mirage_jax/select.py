@@ -37,7 +37,7 @@ from mirage_jax.search.cost import stored_axes
 from mirage_jax.search.driver import SearchResult
 from mirage_jax.search.order import FAR_BEHIND as FAR_BEHIND
 from mirage_jax.search.order import timing_order
-from mirage_jax.tuning import tuned_variants, tuning_bases, within
+from mirage_jax.tuning import speculative_variant, tuned_variants, tuning_bases, within
 
 
 class NotEqual(ValueError):
@@ -273,8 +273,9 @@ def select(
             its tiles' full rank where that differs (`FULL_RANK`); a decode GEMV's weights read
             in wide tiles, a split's combine over more blocks and, on Triton, the split over
             more parts: µGraphs of their own, timed unverified and verified at full size only
-            where one wins. The lowering reads the meta when given no config; the fastest is
-            kept. No variant is timed for a winner slower than XLA by more than
+            where one wins; then, on Triton, the winner with its online softmax against its
+            first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`). The lowering
+            reads the meta when given no config; the fastest is kept. No variant is timed for a winner slower than XLA by more than
             `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
@@ -446,6 +447,16 @@ def select(
             ready = list(pool.map(lambda lg, k: prepare(lg[0], lg[1], k), variants, known))
         for p in ready:
             more = attempt(p)
+            contenders.append(more)
+            if not more.error and more.us < best[0]:
+                best = (more.us, more.mugraph)
+        # the winner's online softmax against its first step's max: the same µGraph (verdict)
+        twin = speculative_variant(best[1], backend)
+        if twin is not None:
+            won = [(c, o) for c, o in first] + [(p.contender, p.order) for p in ready]
+            c, order = next((c, o) for c, o in won if c.mugraph is best[1])
+            label = f"{c.label} with its first step's max as reference"
+            more = attempt(prepare(label, twin, (c.verdict, order)))
             contenders.append(more)
             if not more.error and more.us < best[0]:
                 best = (more.us, more.mugraph)

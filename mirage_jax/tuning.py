@@ -1,9 +1,9 @@
 """The variants `select(tune_warps=True)` times a region's fastest µGraphs with.
 
 The kernels' knobs that the µGraph does not fix (warps per block, a loop split over the grid,
-the tiles' rank) ride in its meta (`kernel_graph.WARPS`, `LOOP_SPLIT`, `FULL_RANK`), which the
-lowering reads when given no config; `select` times each variant these name and keeps the
-fastest.
+the tiles' rank, an online softmax's reference max) ride in its meta (`kernel_graph.WARPS`,
+`LOOP_SPLIT`, `FULL_RANK`, `SPECULATIVE_MAX`), which the lowering reads when given no config;
+`select` times each variant these name and keeps the fastest.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mirage_jax.lower.kernel_graph import FULL_RANK, LOOP_SPLIT, WARPS
+from mirage_jax.lower.kernel_graph import FULL_RANK, LOOP_SPLIT, SPECULATIVE_MAX, WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.order import structure_key
@@ -451,3 +451,29 @@ def row_split_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
         return []
     grids = ", ".join(str(n[0]) for n in numbers.values())
     return [(f"its rows over twice the blocks, grid {grids}", h)]
+
+
+def speculative_variant(g: MuGraph, backend: str) -> MuGraph | None:
+    """`g` with its online softmax against its first step's max (`SPECULATIVE_MAX`), where a
+    kernel of it has one that can (`lower.speculative_max`, Triton), else None. `select` times
+    it after the other variants, for whichever won: on the H100 (2026-11-27,
+    `stable_split_probe_h100_2026-11-27b`) gqa_stable's split kernel at b=8 took 14.2 µs so
+    against 15.8 with the running max (gqa's unstable one 13.6), but at 128 x 64 tiles with 8
+    warps 19.8 against 15.9."""
+    if backend != "triton" or g.meta.get(SPECULATIVE_MAX):
+        return None
+    from mirage_jax.lower.kernel_graph import plan
+    from mirage_jax.lower.running_max import running_shifts
+    from mirage_jax.lower.speculative_max import Speculation, speculation
+    from mirage_jax.lower.triton_hoist import hoisted_statistics
+
+    try:
+        plans = plan(g)
+    except LoweringError:
+        return None
+    for p in plans.values():
+        hoisted = hoisted_statistics(p)[0]
+        running = running_shifts(p, hoisted)
+        if isinstance(speculation(p, running, p.forloop_range, hoisted), Speculation):
+            return MuGraph(g.ops, g.outputs, {**g.meta, SPECULATIVE_MAX: True})
+    return None

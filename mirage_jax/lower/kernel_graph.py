@@ -42,6 +42,11 @@ FULL_RANK = "full_rank"
 with no config by a backend that would drop unit leading dims (`TritonConfig.squeeze`; `select`
 times both)."""
 
+SPECULATIVE_MAX = "speculative_max"
+"""µGraph meta key: True where kernels' online softmax takes its first step's max as reference,
+for kernels lowered with no config by a backend that can (`TritonConfig.speculative_max`;
+`select` times both)."""
+
 
 def kernel_warps(mugraph: MuGraph, plans: Mapping[int, Any]) -> dict[int, int]:
     """Kernel op index -> the warps per block that `select` measured best (the meta's `WARPS`:
@@ -175,6 +180,9 @@ def lower(
     if tuned and mugraph.meta.get(FULL_RANK) and hasattr(config, "squeeze"):
         for i in plans:
             configs[i] = dataclasses.replace(configs.get(i, config), squeeze=False)
+    if tuned and mugraph.meta.get(SPECULATIVE_MAX) and hasattr(config, "speculative_max"):
+        for i in plans:
+            configs[i] = dataclasses.replace(configs.get(i, config), speculative_max=True)
     refusal = getattr(mod, "SPLIT_REFUSAL", None)
     if refusal is not None and split > 1:  # a split loop where the plan allows it
         for i, p in plans.items():

@@ -3,8 +3,9 @@ pointers, the loads before and in the loop, the ops, the accumulators' updates, 
 
 `triton` wraps them into a whole kernel (one launch, a loop split in two launches, or several
 kernels in one launch). Tiles drop the leading dims each holds once (`squeeze`); the online
-softmax uses its running max directly (`running_max`); a kernel told its loop bounds walks
-only the steps a constant mask leaves (`masked_steps`).
+softmax uses its running max directly (`running_max`), or its first step's max with a guard
+(`speculative_max`); a kernel told its loop bounds walks only the steps a constant mask leaves
+(`masked_steps`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelPlan
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.lower.running_max import running_shifts
+from mirage_jax.lower.speculative_max import Speculation, speculation
 from mirage_jax.lower.squeeze import squeezed
 from mirage_jax.lower.triton_access import tile_access
 from mirage_jax.lower.triton_config import TritonConfig
@@ -131,10 +133,14 @@ def body(
         if why is not None:
             raise LoweringError(f"no table of loop steps: {why}")
 
-    def loop_head(indent: str, unroll: int = 1, lo: str = "0", hi: str = str(steps)) -> None:
+    def loop_head(
+        indent: str, unroll: int = 1, lo: str = "0", hi: str = str(steps), stages: int = 0
+    ) -> None:
         rng = (
             f"tl.range({lo}, {hi}, loop_unroll_factor={unroll})"
             if unroll > 1
+            else f"tl.range({lo}, {hi}, num_stages={stages})"
+            if stages
             else f"tl.range({lo}, {hi})"  # runtime bounds (Triton's interpreter too)
             if mask_input is not None
             else f"range({lo}, {hi})"
@@ -160,18 +166,34 @@ def body(
         (t for t in accs if t not in hoisted), key=lambda t: plan.op(t).op != "accum_max"
     )
 
-    def updated(t: int) -> str:
-        """Accumulator t's update expression (rescaled ones read the running max's)."""
+    spec: Speculation | str = "not asked for"
+    if getattr(config, "speculative_max", False) and part is None and mask_input is None:
+        spec = speculation(plan, running, steps, hoisted)
+        if isinstance(spec, str):
+            emit(f"{ind}# the first step's max as reference: not applied ({spec})")
+
+    def updated(t: int, fixed: bool = False) -> str:
+        """Accumulator t's update expression (rescaled ones read the running max's; `fixed`:
+        the reference max does not change, so they are not rescaled)."""
         args = [f"{p}t{a}" for a in plan.op(t).args]
         if t in plan.shifts:
             big = plan.shifts[t]
             m = None if plan.op(t).args[1] in running else args[1]
-            args = [args[0], m, f"{p}acc{big}", f"{p}new{big}"]
+            args = [args[0], m, f"{p}acc{big}", f"{p}acc{big}" if fixed else f"{p}new{big}"]
         return registry.rule(BACKEND, plan.op(t).op).update(ctx_of(t), f"{p}acc{t}", *args)
 
-    def main_loop(lo: str = "0", hi: str = str(steps), zero: int | None = None) -> None:
+    def main_loop(
+        lo: str = "0",
+        hi: str = str(steps),
+        zero: int | None = None,
+        fixed: bool = False,
+        ind: str = ind,
+        stages: int = 0,
+    ) -> None:
         """The loop over steps lo..hi: its loads, ops and accumulator updates; input `zero`
-        is not read but +0, as its tile is throughout in those steps (`masked_steps`)."""
+        is not read but +0, as its tile is throughout in those steps (`masked_steps`); `fixed`:
+        the first step's tile max is every step's reference (`speculative_max`); `stages`: the
+        loop's own pipelining depth (0: the kernel's)."""
         if F == 1:
             inner = ind
             emit(f"{ind}{it} = 0  # forloop_range 1: no loop")
@@ -179,7 +201,7 @@ def body(
             inner = ind + "    "
             if part is not None:
                 emit(f"{ind}# this block's part of the loop: {steps} of its {F} steps")
-            loop_head(ind, min(config.loop_unroll, steps), lo, hi)
+            loop_head(ind, min(config.loop_unroll, steps), lo, hi, stages)
         for k in range(n_in):
             if plan.phases[k] == "loop" and k in main and k == zero:
                 dt = bg.inputs[k].dtype
@@ -188,16 +210,34 @@ def body(
             elif plan.phases[k] == "loop" and k in main:
                 load(k, inner)
         for t in op_ids:
-            if plan.phases[t] == "loop" and t in main:
+            if plan.phases[t] == "loop" and t in main and fixed and t in running:
+                emit(f"{inner}{p}t{t} = {p}acc{running[t]}  # the first step's max, every step's")
+                emit(f"{inner}if {loop_var} == 0:")
+                compute(t, inner + "    ")
+                emit(f"{inner}    {p}acc{running[t]} = {p}t{t}")
+            elif plan.phases[t] == "loop" and t in main:
                 compute(t, inner)
                 if t in running:
                     emit(f"{inner}{p}t{t} = tl.maximum({p}acc{running[t]}, {p}t{t})  # running max")
-        for t in order:
-            emit(f"{inner}{p}new{t} = {updated(t)}  # {plan.op(t).op}")
-        for t in order:
+        kept = [t for t in order if not (fixed and t in running.values())]
+        for t in kept:
+            emit(f"{inner}{p}new{t} = {updated(t, fixed)}  # {plan.op(t).op}")
+        for t in kept:
             emit(f"{inner}{p}acc{t} = {p}new{t}")
 
-    if mask_input is None:
+    if isinstance(spec, Speculation):
+        emit(f"{ind}# the online softmax against its first step's max (`speculative_max`)")
+        main_loop(fixed=True)
+        sums = " | ".join(
+            f"({p}acc{g} > {spec.limit}) | ({p}acc{g} != {p}acc{g})" for g in spec.guards
+        )
+        emit(f"{ind}# a row sum above {spec.limit} (or NaN): some term may have outgrown its form;")
+        emit(f"{ind}# the block's rows again with the running max")
+        emit(f"{ind}if tl.max(tl.where({sums}, 1, 0)) > 0:")
+        for t in accs:
+            emit(f"{ind}    {p}acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
+        main_loop(ind=ind + "    ", stages=1)
+    elif mask_input is None:
         main_loop()
     else:
         emit(f"{ind}# the steps whose tile of the mask (in{mask_input}) is +0 throughout: not read")

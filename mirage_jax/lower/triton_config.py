@@ -22,10 +22,14 @@ class TritonConfig(KernelConfig):
             the kernels launched alone whose plan allows it (`split_refusal`).
         squeeze: tiles drop the leading dims each holds once (`squeeze`); False keeps the
             block graph's rank (`select` times both where they differ).
+        speculative_max: an online softmax takes its first step's row max as every step's
+            reference, its rows redone with the running max where a row sum outgrows it
+            (`speculative_max`; `select` times both).
     """
 
     loop_split: int = 1
     squeeze: bool = True
+    speculative_max: bool = False
 
     def __post_init__(self):
         super().__post_init__()

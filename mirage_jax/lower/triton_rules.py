@@ -351,10 +351,13 @@ registry.add(
 
 def _rescale(last: bool):
     def update(c: OpCtx, s: str, x: str, m: str | None, old: str, new: str) -> str:
-        """m None: x was computed with the running max itself (`running_max`): factor 1."""
+        """m None: x was computed with the running max itself (`running_max`): factor 1;
+        old == new: the reference max is fixed (`speculative_max`): no rescale."""
         y = _sum_last(c, c.f32(x, 0)) if last else c.f32(x, 0)
         if m is not None:  # last: the shift is constant along the summed dim: sum, then rescale
             y = f"{y} * tl.math.exp2(({c.f32(m, 1)} - {new}) * {LOG2E!r})"
+        if old == new:
+            return f"{s} + {y}"
         return f"{s} * tl.math.exp2(({old} - {new}) * {LOG2E!r}) + {y}"
 
     return update
