@@ -270,6 +270,7 @@ def in_context(
             st.loads,
             told,
         ),
+        known=frozenset(told),
     )
 
 

@@ -111,7 +111,7 @@ def test_select_times_its_winner_with_the_first_steps_max_last(monkeypatch):
     real = S._verify
     monkeypatch.setattr(S, "_verify", lambda g, *a: verified.append(dict(g.meta)) or real(g, *a))
     for twin_us, kept in ((3.0, True), (9.0, False)):
-        monkeypatch.setattr(S, "speculative_variant", lambda g, backend: _speculative(g))
+        monkeypatch.setattr(S, "speculative_variant", lambda g, backend, known: _speculative(g))
 
         def lower(g, backend="pallas", twin_us=twin_us):
             fn = fake_lower()(g, backend)
@@ -146,4 +146,7 @@ def test_the_speculative_variant_is_offered_only_where_a_kernel_can_take_it():
     assert twin is not None and twin.meta[kernel_graph.SPECULATIVE_MAX] is True
     assert speculative_variant(twin, "triton") is None  # already so
     assert speculative_variant(g, "pallas") is None
+    # its bias known (a constant mask): the kernel walks the steps it leaves, with its running max
+    assert speculative_variant(g, "triton", known={3}) is None
+    assert speculative_variant(g, "triton", known={0}) is not None  # q masks no step
     assert speculative_variant(_attention_graph(T=T, S=S, H=H, extra_sum=True), "triton") is None
