@@ -228,12 +228,13 @@ def body(
     if isinstance(spec, Speculation):
         emit(f"{ind}# the online softmax against its first step's max (`speculative_max`)")
         main_loop(fixed=True)
-        sums = " | ".join(
-            f"({p}acc{g} > {spec.limit}) | ({p}acc{g} != {p}acc{g})" for g in spec.guards
+        over = " + ".join(  # each guard's rows apart: their tiles may differ
+            f"tl.max(tl.where(({p}acc{g} > {spec.limit}) | ({p}acc{g} != {p}acc{g}), 1, 0))"
+            for g in spec.guards
         )
         emit(f"{ind}# a row sum above {spec.limit} (or NaN): some term may have outgrown its form;")
         emit(f"{ind}# the block's rows again with the running max")
-        emit(f"{ind}if tl.max(tl.where({sums}, 1, 0)) > 0:")
+        emit(f"{ind}if {over} > 0:")
         for t in accs:
             emit(f"{ind}    {p}acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
         main_loop(ind=ind + "    ", stages=1)
