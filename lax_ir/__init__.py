@@ -5,6 +5,7 @@ from lax_ir.capture import capture as capture
 from lax_ir.interpret import FloatAlgebra as FloatAlgebra
 from lax_ir.interpret import evaluate as evaluate
 from lax_ir.interpret import evaluate_reference as evaluate_reference
+from lax_ir.interpret import evaluate_reference_on_device as evaluate_reference_on_device
 from lax_ir.interpret import interpret as interpret
 from lax_ir.ops import OPS as OPS
 from lax_ir.partition import Partition as Partition

@@ -288,7 +288,6 @@ def select(
     """
     import jax
 
-    import lax_ir
     from fields import memory
 
     _known_verdicts(result, program, verify_trials, seed)
@@ -347,7 +346,7 @@ def select(
     own = timed and context is not None
     with phase("reference_s"):
         xs = context.inputs(0) if own else inputs(0)
-        ref_fn = functools.partial(lax_ir.evaluate_reference, program)
+        ref_fn = functools.partial(float_reference, program)
         got = adapt(ref_fn, program)(*xs) if own else ref_fn(*xs)
         reference = [np.asarray(o, np.float64) for o in got]
 
@@ -531,6 +530,36 @@ def _warm_xla(run: tuple, phase: Callable[[str], Any]) -> None:
 
     with phase("xla_s"):
         warm(*run)
+
+
+REFERENCE_ON_DEVICE_FLOPS = 2e9
+"""Regions of at least this many matmul flops get their float64 reference from XLA on the GPU
+(`lax_ir.evaluate_reference_on_device`), not numpy: sdpa_causal at Llama-7B size (275 Gflop) spent
+22.0 s of its 38.2 s selection in numpy's (H100 machine, 2026-11-27), its first call 68 s."""
+
+
+def float_reference(program: Program, *xs: Any) -> list[np.ndarray]:
+    """The float64 reference of `program` on `xs` that the float checks compare against: on the
+    GPU where the region is large (`REFERENCE_ON_DEVICE_FLOPS`), else in numpy; a GPU run that
+    fails (its memory) is said in the log and done in numpy."""
+    import jax
+
+    import lax_ir
+    from mirage_jax.compute_gate import matmul_flops
+
+    if jax.default_backend() == "gpu" and matmul_flops(program) >= REFERENCE_ON_DEVICE_FLOPS:
+        try:
+            return lax_ir.evaluate_reference_on_device(program, *xs)
+        except Exception as e:  # any failure there: numpy's reference instead
+            from mirage_jax.log import logger
+
+            logger.warning(
+                "%s: the float64 reference on the GPU failed (%s: %s); computing it in numpy",
+                program.meta.get("name", "region"),
+                type(e).__name__,
+                str(e)[:200],
+            )
+    return lax_ir.evaluate_reference(program, *xs)
 
 
 def _log(program: Program, contenders: list[Contender]) -> None:
