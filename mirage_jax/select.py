@@ -277,8 +277,8 @@ def select(
             more parts: µGraphs of their own, timed unverified and verified at full size only
             where one wins; then, on Triton, the winner with its online softmax against its
             first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`). The lowering
-            reads the meta when given no config; the fastest is kept. No variant is timed for a winner slower than XLA by more than
-            `tuning.TUNE_WITHIN`.
+            reads the meta when given no config; the fastest is kept. No variant is timed for
+            a winner slower than XLA by more than `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
