@@ -22,9 +22,6 @@ from mirage_jax.search import confirm as confirm_mod
 from mirage_jax.search import dims as dims_mod
 from mirage_jax.search.reduced import batch_tiles, reduced_instance
 
-# one xdist worker for the whole module (`--dist loadgroup`): its module fixtures are built once
-pytestmark = pytest.mark.xdist_group("search_reduced")
-
 
 def _program(fn) -> lax_ir.Program:
     bm = benchmarks.get("gqa_stable", 1)
