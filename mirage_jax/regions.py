@@ -270,7 +270,6 @@ def in_context(
             st.loads,
             told,
         ),
-        known=frozenset(told),
     )
 
 

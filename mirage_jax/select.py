@@ -55,13 +55,11 @@ class InContext:
     the interface's layout steps), and each contender wrapped in those steps (`wrap(fn,
     kernel)`: XLA fuses them into its region; a kernel pays them as XLA copies, less those it
     reads in place), the kernel lowered by `lower(g, backend, order)` for that (`order`: the
-    µGraph output that is region output k, so it stores each in the region's dtype);
-    `known`: the input positions whose values the lowering knows (constant masks)."""
+    µGraph output that is region output k, so it stores each in the region's dtype)."""
 
     inputs: Callable[[int], Sequence[Any]]
     wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]
     lower: Callable[..., Any]
-    known: frozenset[int] = frozenset()
 
 
 RUNNER_UP_WITHIN = 0.10
@@ -452,7 +450,7 @@ def select(
             if not more.error and more.us < best[0]:
                 best = (more.us, more.mugraph)
         # the winner's online softmax against its first step's max: the same µGraph (verdict)
-        twin = speculative_variant(best[1], backend, context.known if context else ())
+        twin = speculative_variant(best[1], backend)
         if twin is not None:
             won = [(c, o) for c, o in first] + [(p.contender, p.order) for p in ready]
             c, order = next((c, o) for c, o in won if c.mugraph is best[1])

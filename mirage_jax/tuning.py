@@ -9,7 +9,7 @@ the tiles' rank, an online softmax's reference max) ride in its meta (`kernel_gr
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mirage_jax.lower.kernel_graph import FULL_RANK, LOOP_SPLIT, SPECULATIVE_MAX, WARPS
@@ -453,33 +453,22 @@ def row_split_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
     return [(f"its rows over twice the blocks, grid {grids}", h)]
 
 
-def speculative_variant(g: MuGraph, backend: str, known: Collection[int] = ()) -> MuGraph | None:
+def speculative_variant(g: MuGraph, backend: str) -> MuGraph | None:
     """`g` with its online softmax against its first step's max (`SPECULATIVE_MAX`), where a
-    kernel of it has one that can (`lower.speculative_max`, Triton), else None; a kernel that
-    may walk only the steps a known mask leaves (its input at a position in `known` masking
-    steps whole: `masked_steps`) keeps its running max, so does not count. `select` times
-    it after the other variants, for whichever won: on the H100 (2026-11-27,
+    kernel of it has one that can (`lower.speculative_max.for_plan`, Triton), else None.
+    `select` times it after the other variants, for whichever won: on the H100 (2026-11-27,
     `stable_split_probe_h100_2026-11-27b`) gqa_stable's split kernel at b=8 took 14.2 µs so
     against 15.8 with the running max (gqa's unstable one 13.6), but at 128 x 64 tiles with 8
     warps 19.8 against 15.9."""
     if backend != "triton" or g.meta.get(SPECULATIVE_MAX):
         return None
     from mirage_jax.lower.kernel_graph import plan
-    from mirage_jax.lower.masked_steps import skippable
-    from mirage_jax.lower.running_max import running_shifts
-    from mirage_jax.lower.speculative_max import Speculation, speculation
-    from mirage_jax.lower.triton_hoist import hoisted_statistics
+    from mirage_jax.lower.speculative_max import Speculation, for_plan
 
     try:
         plans = plan(g)
     except LoweringError:
         return None
-    masks = {g.inputs[pos] for pos in known}
-    for i, p in plans.items():
-        if any(a[0] in masks and skippable(p, k) for k, a in enumerate(g.ops[i].args)):
-            continue
-        hoisted = hoisted_statistics(p)[0]
-        running = running_shifts(p, hoisted)
-        if isinstance(speculation(p, running, p.forloop_range, hoisted), Speculation):
-            return MuGraph(g.ops, g.outputs, {**g.meta, SPECULATIVE_MAX: True})
+    if any(isinstance(for_plan(p), Speculation) for p in plans.values()):
+        return MuGraph(g.ops, g.outputs, {**g.meta, SPECULATIVE_MAX: True})
     return None

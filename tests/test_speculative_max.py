@@ -111,7 +111,7 @@ def test_select_times_its_winner_with_the_first_steps_max_last(monkeypatch):
     real = S._verify
     monkeypatch.setattr(S, "_verify", lambda g, *a: verified.append(dict(g.meta)) or real(g, *a))
     for twin_us, kept in ((3.0, True), (9.0, False)):
-        monkeypatch.setattr(S, "speculative_variant", lambda g, backend, known: _speculative(g))
+        monkeypatch.setattr(S, "speculative_variant", lambda g, backend: _speculative(g))
 
         def lower(g, backend="pallas", twin_us=twin_us):
             fn = fake_lower()(g, backend)
@@ -142,11 +142,56 @@ def test_the_speculative_variant_is_offered_only_where_a_kernel_can_take_it():
     from mirage_jax.tuning import speculative_variant
 
     g = _attention_graph(T=T, S=S, H=H, tq=16, ts=16)
-    twin = speculative_variant(g, "triton")
+    twin = speculative_variant(g, "triton")  # a bias known or not: both forms take it
     assert twin is not None and twin.meta[kernel_graph.SPECULATIVE_MAX] is True
     assert speculative_variant(twin, "triton") is None  # already so
     assert speculative_variant(g, "pallas") is None
-    # its bias known (a constant mask): the kernel walks the steps it leaves, with its running max
-    assert speculative_variant(g, "triton", known={3}) is None
-    assert speculative_variant(g, "triton", known={0}) is not None  # q masks no step
     assert speculative_variant(_attention_graph(T=T, S=S, H=H, extra_sum=True), "triton") is None
+
+
+def _told(g, bias, interpret=True):
+    """`g` lowered knowing its bias (input 3): each block walks the steps the mask leaves."""
+    return lower(g, backend="triton", interpret=interpret, known={3: bias})
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_kernel_told_its_mask_takes_the_first_step_it_walks_as_reference(late, interpret=True):
+    """Told a causal mask, each block walks its own steps (`masked_steps`), the first of them its
+    reference; a later key far above it (`late`) sends the block back to the running max."""
+    pytest.importorskip("triton" if interpret else "jax_triton")
+    g = _attention_graph(T=T, S=T, H=H, tq=16, ts=16)
+    causal = np.where(np.tril(np.ones((T, T), bool)), 0.0, -np.inf).astype(np.float32)
+    q, kt, v, _ = _inputs(7)
+    kt = np.ascontiguousarray(kt[:, :T])
+    v = np.ascontiguousarray(v[:T])
+    if late:  # row 40's keys of its last step (a block that walks 3 steps) far above the first
+        q[40] = 0.0  # its scores are its bias: 0 in its first step, 90 in its last
+        causal = causal.copy()
+        causal[40, 33:41] = np.where(np.arange(33, 41) <= 40, 90.0, -np.inf)
+    want = _reference(q, kt, v, causal)
+    plain = np.asarray(_told(g, causal, interpret)(q, kt, v, causal)[0])
+    fast = np.asarray(_told(_speculative(g), causal, interpret)(q, kt, v, causal)[0])
+    assert np.isfinite(fast).all()
+    tol = dict(rtol=2e-4, atol=2e-5) if interpret else dict(rtol=2e-3, atol=2e-3)  # tf32 dots
+    np.testing.assert_allclose(plain, want, **tol)
+    np.testing.assert_allclose(fast, want, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("late", [False, True])
+def test_gpu_a_kernel_told_its_mask_takes_the_first_step_it_walks_as_reference(late):
+    """The same, compiled by Triton (both loops over runtime bounds) on the GPU."""
+    test_a_kernel_told_its_mask_takes_the_first_step_it_walks_as_reference(late, interpret=False)
+
+
+def test_a_told_kernels_source_takes_its_reference_at_the_first_step_of_its_row():
+    pytest.importorskip("triton")
+    from mirage_jax.lower.triton import kernel_source
+    from mirage_jax.lower.triton_config import TritonConfig
+
+    g = _attention_graph(T=T, S=T, H=H, tq=16, ts=16)
+    ((_, p),) = plan(g).items()
+    _, src = kernel_source(p, TritonConfig(speculative_max=True), mask=3)
+    fast, _, slow = src.partition("if tl.max(tl.where(")
+    assert fast.count("if it == first:") == 2  # the unread-mask steps' loop and the masked one's
+    assert "tl.range(first, mid" in slow and "tl.range(mid, end" in slow

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mirage_jax.lower.plan import KernelPlan
-from mirage_jax.lower.running_max import RESCALED
+from mirage_jax.lower.running_max import RESCALED, running_shifts
+from mirage_jax.lower.triton_hoist import hoisted_statistics
 
 MAX_LIMIT = 1 << 15
 """The largest row sum the fast path keeps: each term then fits float16 (at most 65504)."""
@@ -81,6 +82,13 @@ def speculation(
             guards.append(sums[0])
             keys = max(keys, plan.tile(e)[-1] * steps)
     return Speculation(tuple(sorted(set(guards))), min(keys, MAX_LIMIT))
+
+
+def for_plan(plan: KernelPlan) -> Speculation | str:
+    """The speculative form of `plan`'s kernel, unsplit over all its steps, or why it has none:
+    the one decision that `triton_body` lowers and `tuning.speculative_variant` offers."""
+    hoisted = hoisted_statistics(plan)[0]
+    return speculation(plan, running_shifts(plan, hoisted), plan.forloop_range, hoisted)
 
 
 def _bounded_product(plan: KernelPlan, u: int, e: int, m: int, users: dict[int, list[int]]) -> bool:

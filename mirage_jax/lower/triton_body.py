@@ -18,7 +18,7 @@ from mirage_jax.lower import registry
 from mirage_jax.lower.plan import KernelPlan
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.lower.running_max import running_shifts
-from mirage_jax.lower.speculative_max import Speculation, speculation
+from mirage_jax.lower.speculative_max import Speculation, for_plan
 from mirage_jax.lower.squeeze import squeezed
 from mirage_jax.lower.triton_access import tile_access
 from mirage_jax.lower.triton_config import TritonConfig
@@ -167,8 +167,8 @@ def body(
     )
 
     spec: Speculation | str = "not asked for"
-    if getattr(config, "speculative_max", False) and part is None and mask_input is None:
-        spec = speculation(plan, running, steps, hoisted)
+    if getattr(config, "speculative_max", False) and part is None:
+        spec = for_plan(plan)
         if isinstance(spec, str):
             emit(f"{ind}# the first step's max as reference: not applied ({spec})")
 
@@ -186,14 +186,14 @@ def body(
         lo: str = "0",
         hi: str = str(steps),
         zero: int | None = None,
-        fixed: bool = False,
+        fixed: str | None = None,
         ind: str = ind,
         stages: int = 0,
     ) -> None:
         """The loop over steps lo..hi: its loads, ops and accumulator updates; input `zero`
         is not read but +0, as its tile is throughout in those steps (`masked_steps`); `fixed`:
-        the first step's tile max is every step's reference (`speculative_max`); `stages`: the
-        loop's own pipelining depth (0: the kernel's)."""
+        the block's first step (an expression), whose tile max is every step's reference
+        (`speculative_max`); `stages`: the loop's own pipelining depth (0: the kernel's)."""
         if F == 1:
             inner = ind
             emit(f"{ind}{it} = 0  # forloop_range 1: no loop")
@@ -210,24 +210,35 @@ def body(
             elif plan.phases[k] == "loop" and k in main:
                 load(k, inner)
         for t in op_ids:
-            if plan.phases[t] == "loop" and t in main and fixed and t in running:
+            if plan.phases[t] == "loop" and t in main and fixed is not None and t in running:
                 emit(f"{inner}{p}t{t} = {p}acc{running[t]}  # the first step's max, every step's")
-                emit(f"{inner}if {loop_var} == 0:")
+                emit(f"{inner}if {loop_var} == {fixed}:")
                 compute(t, inner + "    ")
                 emit(f"{inner}    {p}acc{running[t]} = {p}t{t}")
             elif plan.phases[t] == "loop" and t in main:
                 compute(t, inner)
                 if t in running:
                     emit(f"{inner}{p}t{t} = tl.maximum({p}acc{running[t]}, {p}t{t})  # running max")
-        kept = [t for t in order if not (fixed and t in running.values())]
+        kept = [t for t in order if not (fixed is not None and t in running.values())]
         for t in kept:
-            emit(f"{inner}{p}new{t} = {updated(t, fixed)}  # {plan.op(t).op}")
+            emit(f"{inner}{p}new{t} = {updated(t, fixed is not None)}  # {plan.op(t).op}")
         for t in kept:
             emit(f"{inner}{p}acc{t} = {p}new{t}")
 
+    def walk(fixed: str | None = None, ind: str = ind, stages: int = 0) -> None:
+        """Every step the block walks: all of them, or with a known mask (`masked_steps`) those
+        before `mid` without reading it, then those up to `end` reading it."""
+        if mask_input is None:
+            main_loop(fixed=fixed, ind=ind, stages=stages)
+            return
+        emit(f"{ind}# the steps whose tile of the mask (in{mask_input}) is +0 throughout: not read")
+        main_loop("first", "mid", zero=mask_input, fixed=fixed, ind=ind, stages=stages)
+        emit(f"{ind}# the steps that read the mask, up to the last it does not hide whole")
+        main_loop("mid", "end", fixed=fixed, ind=ind, stages=stages)
+
     if isinstance(spec, Speculation):
         emit(f"{ind}# the online softmax against its first step's max (`speculative_max`)")
-        main_loop(fixed=True)
+        walk(fixed="0" if mask_input is None else "first")
         over = " + ".join(  # each guard's rows apart: their tiles may differ
             f"tl.max(tl.where(({p}acc{g} > {spec.limit}) | ({p}acc{g} != {p}acc{g}), 1, 0))"
             for g in spec.guards
@@ -237,14 +248,9 @@ def body(
         emit(f"{ind}if {over} > 0:")
         for t in accs:
             emit(f"{ind}    {p}acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
-        main_loop(ind=ind + "    ", stages=1)
-    elif mask_input is None:
-        main_loop()
+        walk(ind=ind + "    ", stages=1)
     else:
-        emit(f"{ind}# the steps whose tile of the mask (in{mask_input}) is +0 throughout: not read")
-        main_loop("first", "mid", zero=mask_input)
-        emit(f"{ind}# the steps that read the mask, up to the last it does not hide whole")
-        main_loop("mid", "end")
+        walk()
     if F == 1 and not accs:
         emit(f"{ind}pass")
     if preload:  # summed after the dots' loop, from the tiles loaded before it
