@@ -104,6 +104,7 @@ def measure(
         if getattr(args, "donate_caches", False) and model is not None and caches_of(model):
             donation = donated(model, inputs, Path(d) / "c.sqlite", args)
     regions = []
+    in_function = _region_us(t_mine)
     for dcs in rec.decisions:
         t = dcs.timings or {}
         regions.append(
@@ -112,6 +113,7 @@ def measure(
                 "status": dcs.status,
                 "reason": dcs.reason[:200],
                 "mugraph_us": t.get("mugraph_us"),
+                "in_function_us": in_function.get(str(dcs.index)),
                 "xla_us": t.get("xla_us"),
                 "search_s": t.get("search_s"),
                 "select_s": t.get("select_s"),
@@ -206,7 +208,14 @@ def donated(model: Any, inputs: Any, cache_path: Path, args: argparse.Namespace)
         "bandwidth_bytes_per_s": bw,
         "kernels": sum(d.status == "kernel" for d in f.last.decisions),
         "mirage_kernels": _top_kernels(t_mine),
+        "region_us": _region_us(t_mine),
     }
+
+
+def _region_us(timing: Any) -> dict[str, float]:
+    """Each kernel region's device µs per call within the whole function (`profile.region_times`:
+    by the name scope its ops carry), by region index; empty where the trace has no op names."""
+    return {str(k): round(us, 3) for k, us in getattr(timing, "regions", ())}
 
 
 def _top_kernels(timing: Any, top: int = 16) -> list | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 from jax._src import source_info_util  # names and tracebacks of re-bound equations
 from jax.extend import core as jex_core
 
@@ -149,7 +150,7 @@ def assemble(
             continue
         chosen[k] = (ins, outs)
         made.update(o for o, p in zip(region.outputs, outs) if p[0] == "node")
-        calls[k] = lambda *vals, f=replacements[k], prep=prepare: f(*prep(vals))
+        calls[k] = lambda *vals, f=replacements[k], prep=prepare, k=k: _scoped(k, f, prep(vals))
     inline = {
         p[0][:j]
         for ins, outs in chosen.values()
@@ -184,6 +185,17 @@ def assemble(
 
 COPIES = -1
 """The key of the `copy_update` kernel among the replacements."""
+
+
+REGION_SCOPE = "mirage_jax.region{}"
+"""The name scope a region's kernel is traced under: its HLO ops' op_name carries it, so a
+profiler trace can tell the region's kernels apart (`profile.TraceTiming.regions`)."""
+
+
+def _scoped(k: int, f: Callable, vals: Sequence[Any]) -> Any:
+    """Region k's replacement `f` applied to `vals` under its name scope (`REGION_SCOPE`)."""
+    with jax.named_scope(REGION_SCOPE.format(k)):
+        return f(*vals)
 
 
 def _write_copies(ops: list, producer: dict, copied: set, calls: dict, interpret: bool) -> None:

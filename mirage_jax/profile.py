@@ -22,8 +22,10 @@ from __future__ import annotations
 import glob
 import math
 import os
+import re
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -217,6 +219,8 @@ class KernelEvent:
     start_ns: float
     duration_ns: float
     stream: str
+    labels: tuple[str, ...] = ()
+    """The event's text stats (the op it ran for, its op_name where the trace has it)."""
 
 
 def gpu_events(xspace: Any) -> list[KernelEvent]:
@@ -233,7 +237,10 @@ def gpu_events(xspace: Any) -> list[KernelEvent]:
             if not line.name.startswith("Stream"):
                 continue
             for e in line.events:
-                out.append(KernelEvent(e.name, e.start_ns, e.duration_ns, line.name))
+                with warnings.catch_warnings():  # the stats' binding type warns on iteration
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    labels = tuple(v for _, v in e.stats if isinstance(v, str))
+                out.append(KernelEvent(e.name, e.start_ns, e.duration_ns, line.name, labels))
     return sorted(out, key=lambda e: e.start_ns)
 
 
@@ -270,6 +277,24 @@ class TraceTiming(Timing):
 
     kernels: tuple[tuple[str, float, float], ...] = ()
     span_us: float = 0.0
+    regions: tuple[tuple[int, float], ...] = ()
+    """(region index, mean µs per call) of `mirage_jax.jit`'s kernels, by the region name scope
+    their ops carry (`assemble.REGION_SCOPE`, where the trace has op names: `region_times`)."""
+
+
+REGION_LABEL = re.compile(r"mirage_jax\.region(\d+)(?![0-9])")
+
+
+def region_times(events: Sequence[KernelEvent], calls: int) -> tuple[tuple[int, float], ...]:
+    """Mean µs per call of the events of each `mirage_jax.jit` region, told apart by the name
+    scope in their labels (`assemble.REGION_SCOPE`); none where no label names a region."""
+    per: dict[int, float] = {}
+    for e in events:
+        found = {int(m) for text in e.labels for m in REGION_LABEL.findall(text)}
+        if len(found) == 1:
+            (k,) = found
+            per[k] = per.get(k, 0.0) + e.duration_ns / 1e3 / calls
+    return tuple(sorted(per.items()))
 
 
 def per_call(events: Sequence[KernelEvent], calls: int) -> tuple[list[float], list[float]]:
@@ -360,4 +385,5 @@ def time_trace(
         samples_us=tuple(float(s) for s in sums),
         kernels=tuple((n, float(us), float(c)) for n, us, c in kernels),
         span_us=float(np.median(spans)),
+        regions=region_times(events, calls),
     )

@@ -173,3 +173,34 @@ def test_kernel_timeline_positions() -> None:
     ]
     assert positions(events, 3) == [("copy", 2.0), ("gemm", 5.0)]
     assert positions(events[:-1], 3) == []
+
+
+_XSPACE_LABELLED = """
+planes {
+  name: "/device:GPU:0"
+  lines { id: 1 name: "Stream #13(compute)" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 5000000
+      stats { metadata_id: 9 str_value: "jit(f)/mirage_jax.region12/custom_jvp_call/triton" } }
+    events { metadata_id: 2 offset_ps: 6000000 duration_ps: 2000000
+      stats { metadata_id: 9 str_value: "jit(f)/mirage_jax.region1/pjit" } }
+    events { metadata_id: 3 offset_ps: 9000000 duration_ps: 1000000
+      stats { metadata_id: 9 str_value: "jit(f)/add" } }
+  }
+  event_metadata { key: 1 value { id: 1 name: "mugraph_kernel_a" } }
+  event_metadata { key: 2 value { id: 2 name: "mugraph_kernel_b" } }
+  event_metadata { key: 3 value { id: 3 name: "loop_add_fusion" } }
+  stat_metadata { key: 9 value { id: 9 name: "tf_op" } }
+}
+"""
+
+
+def test_kernels_are_told_apart_by_the_region_scope_their_ops_carry():
+    """`assemble` traces region k's kernel under `mirage_jax.region{k}`; a trace's events whose
+    labels name one region add up to that region's time per call (region 1 is not region 12)."""
+    from jax.profiler import ProfileData
+
+    text = ProfileData.text_proto_to_serialized_xspace(_XSPACE_LABELLED)
+    events = profile.gpu_events(ProfileData.from_serialized_xspace(text))
+    assert events[0].labels == ("jit(f)/mirage_jax.region12/custom_jvp_call/triton",)
+    assert profile.region_times(events, calls=2) == ((1, 1.0), (12, 2.5))
+    assert profile.region_times(events[2:], calls=1) == ()  # XLA's own kernels: no region
