@@ -8,11 +8,13 @@ floor: the larger of bytes at a copy bandwidth and flops at a peak rate. Both ra
 arguments: the copy bandwidth a GPU run measured (`never_slower` records it per run, 2.93 TB/s
 on the H100 on 2026-11-27), and the H100 SXM's dense fp16 tensor-core rate from NVIDIA's data
 sheet (989 Tflop/s), which no kernel reaches (ours at most 281,
-`mirage_jax.compute_gate.CEILING_FLOPS`). A region's measured time comes from a GPU run's
-results; this script only says which regions the criterion covers and what their floors are.
+`mirage_jax.compute_gate.CEILING_FLOPS`). Nothing is timed here: with `--results` (GPU runs'
+`real_baselines.json` / `never_slower.json`), each region's device time within its whole
+function (`in_function_us`: its kernels, told apart by their name scope; a decode loop's
+donated run where there is one) is set against its floor.
 
     python -m experiments.attention_floors --models all --sizes realistic llama7b \
-        --batches 1 8 --out experiments/results
+        --batches 1 8 --out experiments/results [--results RUN.json ...]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -117,6 +120,82 @@ def table(rows: Sequence[dict[str, Any]], bandwidth: float, peak_flops: float) -
     return "\n".join(head + body) + "\n"
 
 
+_KEY = re.compile(r"^(?P<model>.+)_(?P<size>tiny|realistic|llama7b)_b(?P<batch>\d+)$")
+
+
+def _attention_time(row: dict[str, Any]) -> tuple[float, str] | None:
+    """A results row's attention region (the kernel region whose structure has an `exp`): its
+    device µs within the whole function and which run gave it (donated decode loop or not)."""
+    donated = row.get("donated") or {}
+    times = donated.get("region_us") or {}
+    for k, structure in (donated.get("kernel_regions") or {}).items():
+        if " exp " in f" {structure or ''} " and k in times:
+            return times[k], "donated caches"
+    for r in row.get("regions") or []:
+        if r.get("status") != "kernel" or " exp " not in f" {r.get('structure') or ''} ":
+            continue
+        if str(r["index"]) in times:  # (files before the donated run named its own choice)
+            return times[str(r["index"])], "donated caches"
+        if r.get("in_function_us") is not None:
+            return r["in_function_us"], "whole function"
+    return None
+
+
+def measured(paths: Sequence[str | Path]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The attention regions' device times from GPU results files (`real_baselines.json` rows of
+    mirage_jax.jit, `never_slower.json` rows), by (model, size, batch); a later file's row
+    replaces an earlier one's."""
+    out: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        for row in doc["rows"] if isinstance(doc, dict) else doc:
+            if "contender" in row:
+                if row["contender"] != "mirage_jax.jit":
+                    continue
+                key = (row["model"], row["size"], int(row["batch"]))
+            elif m := _KEY.match(row.get("key", "")):
+                key = (m["model"], m["size"], int(m["batch"]))
+            else:
+                continue
+            got = _attention_time(row)
+            if got is not None:
+                out[key] = {"us": got[0], "run": got[1], "file": Path(path).name}
+    return out
+
+
+def against_floors(
+    rows: Sequence[dict[str, Any]], times: dict[tuple[str, str, int], dict[str, Any]]
+) -> str:
+    """The regions held to 2× with a measured time: time, floor, ratio, whether within 2×."""
+    head = [
+        "# Attention regions held to 2× of their floor, as measured",
+        "",
+        "Device time of the attention region's kernels within the whole `mirage_jax.jit` "
+        "function (told apart by their name scope, `mirage_jax.profile.region_times`), from "
+        "the results files named; floors as in `attention_floors`.",
+        "",
+        "| model | size | batch | µs | floor µs | × floor | within 2× | run | file |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    body = []
+    for r in rows:
+        t = times.get((r["model"], r["size"], r["batch"]))
+        if not r["held_to_2x"]:
+            continue
+        if t is None:
+            body.append(
+                f"| {r['model']} | {r['size']} | {r['batch']} | not measured | "
+                f"{r['floor_us']:.2f} | - | - | - | - |"
+            )
+            continue
+        ratio = t["us"] / r["floor_us"]
+        body.append(
+            f"| {r['model']} | {r['size']} | {r['batch']} | {t['us']:.2f} | {r['floor_us']:.2f} "
+            f"| {ratio:.2f}× | {'yes' if ratio <= 2 else '**no**'} | {t['run']} | {t['file']} |"
+        )
+    return "\n".join(head + body) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from experiments import models as M
 
@@ -127,6 +206,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--bandwidth", type=float, default=H100_BANDWIDTH, help="bytes/s")
     p.add_argument("--peak-flops", type=float, default=H100_PEAK_FLOPS, help="flop/s")
     p.add_argument("--out", help="write attention_floors.json and .md here")
+    p.add_argument(
+        "--results",
+        nargs="*",
+        default=[],
+        help="GPU results (real_baselines.json, never_slower.json): write attention_measured.md",
+    )
     args = p.parse_args(argv)
     names = M.names() if args.models == ["all"] else args.models
     rows = []
@@ -144,6 +229,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "attention_floors.json").write_text(json.dumps(rows, indent=1) + "\n")
         (out / "attention_floors.md").write_text(text)
+    if args.results:
+        measured_text = against_floors(rows, measured(args.results))
+        print(measured_text)
+        if args.out:
+            (Path(args.out) / "attention_measured.md").write_text(measured_text)
     return rows
 
 

@@ -209,6 +209,12 @@ def donated(model: Any, inputs: Any, cache_path: Path, args: argparse.Namespace)
         "kernels": sum(d.status == "kernel" for d in f.last.decisions),
         "mirage_kernels": _top_kernels(t_mine),
         "region_us": _region_us(t_mine),
+        # its own choice (the whole-function check runs again with the caches donated)
+        "kernel_regions": {
+            str(d.index): d.mugraph.meta.get("structure")
+            for d in f.last.decisions
+            if d.status == "kernel" and d.mugraph is not None
+        },
     }
 
 
