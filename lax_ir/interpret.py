@@ -202,13 +202,17 @@ def evaluate(program: Program, *inputs: Any) -> list[Any]:
     return interpret(program, inputs, FloatAlgebra())
 
 
-def evaluate_reference(program: Program, *inputs: Any) -> list[np.ndarray]:
-    """Run a Program in float64 numpy: the reference the float checks compare against."""
-    xs = [
+def _widened(inputs: Sequence[Any]) -> list[np.ndarray]:
+    """The inputs as numpy arrays, floating ones in float64 (the references' inputs)."""
+    return [
         np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x)
         for x in inputs
     ]
-    return interpret(program, xs, FloatAlgebra(np, "float64"))
+
+
+def evaluate_reference(program: Program, *inputs: Any) -> list[np.ndarray]:
+    """Run a Program in float64 numpy: the reference the float checks compare against."""
+    return interpret(program, _widened(inputs), FloatAlgebra(np, "float64"))
 
 
 def evaluate_reference_on_device(program: Program, *inputs: Any) -> list[np.ndarray]:
@@ -220,12 +224,7 @@ def evaluate_reference_on_device(program: Program, *inputs: Any) -> list[np.ndar
     import jax.numpy as jnp
 
     with jax.enable_x64(True):
-        xs = [
-            jnp.asarray(np.asarray(x), jnp.float64)
-            if np.asarray(x).dtype.kind == "f"
-            else jnp.asarray(np.asarray(x))
-            for x in inputs
-        ]
+        xs = [jnp.asarray(x) for x in _widened(inputs)]
         outs = jax.jit(lambda *a: interpret(program, list(a), FloatAlgebra(jnp, "float64")))(*xs)
         return [
             np.asarray(o, np.float64 if np.asarray(o).dtype.kind == "f" else None) for o in outs
