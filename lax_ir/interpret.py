@@ -202,17 +202,25 @@ def evaluate(program: Program, *inputs: Any) -> list[Any]:
     return interpret(program, inputs, FloatAlgebra())
 
 
-def _widened(inputs: Sequence[Any]) -> list[np.ndarray]:
-    """The inputs as numpy arrays, floating ones in float64 (the references' inputs)."""
-    return [
-        np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x)
-        for x in inputs
-    ]
+def _widened(inputs: Sequence[Any], xp: Any = np) -> list[Any]:
+    """The inputs as `xp` arrays (numpy's or jax.numpy's), floating ones (bfloat16 too) in
+    float64: the references' inputs."""
+    import jax.numpy as jnp
+
+    out = []
+    for x in inputs:
+        x = xp.asarray(x)
+        out.append(x.astype(xp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x)
+    return out
 
 
 def evaluate_reference(program: Program, *inputs: Any) -> list[np.ndarray]:
     """Run a Program in float64 numpy: the reference the float checks compare against."""
     return interpret(program, _widened(inputs), FloatAlgebra(np, "float64"))
+
+
+_ON_DEVICE: dict[str, Any] = {}
+"""`evaluate_reference_on_device`'s compiled functions of the last few programs (by hash)."""
 
 
 def evaluate_reference_on_device(program: Program, *inputs: Any) -> list[np.ndarray]:
@@ -224,8 +232,13 @@ def evaluate_reference_on_device(program: Program, *inputs: Any) -> list[np.ndar
     import jax.numpy as jnp
 
     with jax.enable_x64(True):
-        xs = [jnp.asarray(x) for x in _widened(inputs)]
-        outs = jax.jit(lambda *a: interpret(program, list(a), FloatAlgebra(jnp, "float64")))(*xs)
-        return [
-            np.asarray(o, np.float64 if np.asarray(o).dtype.kind == "f" else None) for o in outs
-        ]
+        xs = [jnp.asarray(x) for x in inputs]  # widened on the device: no trip through the host
+        key = program.canonical_hash
+        fn = _ON_DEVICE.pop(key, None) or jax.jit(
+            lambda *a: interpret(program, _widened(a, jnp), FloatAlgebra(jnp, "float64"))
+        )
+        _ON_DEVICE[key] = fn  # the latest last; pieces of one region share one compile
+        while len(_ON_DEVICE) > 4:
+            _ON_DEVICE.pop(next(iter(_ON_DEVICE)))
+        outs = fn(*xs)
+        return _widened(outs)

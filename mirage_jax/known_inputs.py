@@ -29,9 +29,12 @@ MAX_CONSTANT_ELEMENTS = MAX_ELEMENTS
 """Constant inputs larger than this (elements, as the kernel reads them) are not inspected: it
 is done on the host (the masked steps' own bound, `masked_steps.MAX_ELEMENTS`)."""
 
-MAX_COMPUTED_ELEMENTS = 1 << 31
+MAX_COMPUTED_ELEMENTS = 1 << 33
 """Computed inputs larger than this (elements, as the kernel reads them) are not inspected; at
-most this, on the device, reduced to one entry per tile there."""
+most this, on the device, reduced to one entry per tile there under one jit, which fuses the
+value into the reduction. jax's causal bias as sdpa_causal's kernel reads it at Llama-7B size,
+batch 8, is 8 × 8 × 16384 × 4096 (2^32) elements: 17 GB in float32 even where XLA keeps it
+whole. A failure there (the device's memory) is said once and the kernel walks every step."""
 
 MAX_CONE_NODES = 64
 """A value made by more nodes than this is not evaluated (jax's causal bias takes about 20)."""

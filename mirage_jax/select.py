@@ -37,7 +37,13 @@ from mirage_jax.search.cost import stored_axes
 from mirage_jax.search.driver import SearchResult
 from mirage_jax.search.order import FAR_BEHIND as FAR_BEHIND
 from mirage_jax.search.order import timing_order
-from mirage_jax.tuning import speculative_variant, tuned_variants, tuning_bases, within
+from mirage_jax.tuning import (
+    row_major_variant,
+    speculative_variant,
+    tuned_variants,
+    tuning_bases,
+    within,
+)
 
 
 class NotEqual(ValueError):
@@ -291,8 +297,14 @@ def select(
     _known_verdicts(result, program, verify_trials, seed)
     late = False  # verify only the fastest, after timing (a large region: `LARGE_TRIAL`)
     if verify_trials is not None and result.mugraphs:  # before the float64 reference's memory
+        import fields
+
         need, have = memory.trial_bytes(program, program), memory.room()
-        if need > have:
+        # a verdict the search found on a reduced instance (`search.reduced`) answers it
+        answered = any(
+            fields.known(g, program, trials=verify_trials, seed=seed) for g in result.mugraphs
+        )
+        if need > have and not answered:
             why = f"not verified: {memory.too_large(need, have)}"
             return Selection(None, why, (Contender("xla", xla[0] if xla else None),), "", backend)
         late = timed and need > memory.LARGE_TRIAL
@@ -449,14 +461,23 @@ def select(
             contenders.append(more)
             if not more.error and more.us < best[0]:
                 best = (more.us, more.mugraph)
-        # the winner's online softmax against its first step's max: the same µGraph (verdict)
-        twin = speculative_variant(best[1], backend)
-        if twin is not None:
-            won = [(c, o) for c, o in first] + [(p.contender, p.order) for p in ready]
+        # the winner launched row-major, then its online softmax against its first step's
+        # max: the same µGraph each time (its verdict)
+        won = [(c, o) for c, o in first] + [(p.contender, p.order) for p in ready]
+        for how, make in (
+            ("launched row-major", lambda g, us: row_major_variant(g, backend, us)),
+            (
+                "with its first step's max as reference",
+                lambda g, _: speculative_variant(g, backend),
+            ),
+        ):
+            twin = make(*best[::-1])
+            if twin is None:
+                continue
             c, order = next((c, o) for c, o in won if c.mugraph is best[1])
-            label = f"{c.label} with its first step's max as reference"
-            more = attempt(prepare(label, twin, (c.verdict, order)))
+            more = attempt(prepare(f"{c.label} {how}", twin, (c.verdict, order)))
             contenders.append(more)
+            won.append((more, order))
             if not more.error and more.us < best[0]:
                 best = (more.us, more.mugraph)
     unverified = (
@@ -539,13 +560,29 @@ REFERENCE_ON_DEVICE_FLOPS = 2e9
 def float_reference(program: Program, *xs: Any) -> list[np.ndarray]:
     """The float64 reference of `program` on `xs` that the float checks compare against: on the
     GPU where the region is large (`REFERENCE_ON_DEVICE_FLOPS`), else in numpy; a GPU run that
-    fails (its memory) is said in the log and done in numpy."""
+    fails (its memory) is said in the log and done in numpy. A region whose float64 nodes
+    exceed `reference_pieces.PIECE_BYTES` is computed in pieces along its batch-like
+    dimensions (`reference_pieces`)."""
     import jax
 
-    import lax_ir
+    from mirage_jax import reference_pieces
     from mirage_jax.compute_gate import matmul_flops
 
-    if jax.default_backend() == "gpu" and matmul_flops(program) >= REFERENCE_ON_DEVICE_FLOPS:
+    on_device = (
+        jax.default_backend() == "gpu" and matmul_flops(program) >= REFERENCE_ON_DEVICE_FLOPS
+    )
+    chunks = reference_pieces.plan(program)
+    if chunks:
+        whole = functools.partial(_float_reference, on_device=on_device)
+        return reference_pieces.evaluate(program, xs, chunks, whole)
+    return _float_reference(program, *xs, on_device=on_device)
+
+
+def _float_reference(program: Program, *xs: Any, on_device: bool) -> list[np.ndarray]:
+    """`float_reference` of one piece (or the whole region): on the GPU if `on_device`."""
+    import lax_ir
+
+    if on_device:
         try:
             return lax_ir.evaluate_reference_on_device(program, *xs)
         except Exception as e:  # any failure there: numpy's reference instead
@@ -568,6 +605,11 @@ def _log(program: Program, contenders: list[Contender]) -> None:
     for c in contenders:
         what = f"{c.us:.2f} µs" if c.us is not None else (c.error or "not timed")
         structure = "" if c.mugraph is None else f" {c.mugraph.meta.get('structure', '')}"
+        if c.mugraph is not None:  # its numbers: grid and loop steps per kernel
+            structure += " " + " ".join(
+                f"{op.block_graph.grid}x{op.block_graph.forloop_range}"
+                for _, op in c.mugraph.graph_defined()
+            )
         logger.debug("%s candidate %s: %s%s", name, c.label, what, structure)
 
 

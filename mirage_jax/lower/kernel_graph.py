@@ -48,6 +48,12 @@ for kernels lowered with no config by a backend that can (`TritonConfig.speculat
 `select` times both)."""
 
 
+ROW_MAJOR = "row_major"
+"""µGraph meta key: True where kernels launch their blocks in row-major order of their grid
+(the last axis fastest), for kernels lowered with no config by a backend that can
+(`TritonConfig.row_major`; `select` times both for large kernels)."""
+
+
 def kernel_warps(mugraph: MuGraph, plans: Mapping[int, Any]) -> dict[int, int]:
     """Kernel op index -> the warps per block that `select` measured best (the meta's `WARPS`:
     one number for every kernel, or one per graph-defined kernel in op order; a kernel of a
@@ -183,6 +189,9 @@ def lower(
     if tuned and mugraph.meta.get(SPECULATIVE_MAX) and hasattr(config, "speculative_max"):
         for i in plans:
             configs[i] = dataclasses.replace(configs.get(i, config), speculative_max=True)
+    if tuned and mugraph.meta.get(ROW_MAJOR) and hasattr(config, "row_major"):
+        for i in plans:
+            configs[i] = dataclasses.replace(configs.get(i, config), row_major=True)
     refusal = getattr(mod, "SPLIT_REFUSAL", None)
     if refusal is not None and split > 1:  # a split loop where the plan allows it
         for i, p in plans.items():

@@ -102,6 +102,9 @@ def generate_source(
         emit("    mid = tl.load(steps + row + 2)")
         emit("    end = tl.load(steps + row + 3)")
         pids = _flat_pids(plan.grid, "block", emit, "    ")
+    elif config.row_major:
+        emit(f"    block = tl.program_id(0)  # row-major in grid {plan.grid}")
+        pids = _flat_pids(plan.grid, "block", emit, "    ")
     else:
         pids = _axis_pids(plan.grid, emit)
     body(
@@ -306,11 +309,17 @@ def build_kernel(
         name, source = kernel_source(plan, config, views, out_views, out_dtypes, steps.mask)
         blocks = (math.prod(plan.grid),)
         run = launcher(name, source, out_shape, blocks, warps, stages, interpret, where)
-        table = np.ascontiguousarray(steps.rows, dtype=np.int32)
+        rows = (
+            steps.rows[np.argsort(steps.rows[:, 0], kind="stable")]
+            if config.row_major
+            else steps.rows
+        )
+        table = np.ascontiguousarray(rows, dtype=np.int32)
         return lambda *xs: run(*xs, table)
     if S == 1:
         name, source = kernel_source(plan, config, views, out_views, out_dtypes)
-        return launcher(name, source, out_shape, plan.grid, warps, stages, interpret, where)
+        grid = (math.prod(plan.grid),) if config.row_major else plan.grid
+        return launcher(name, source, out_shape, grid, warps, stages, interpret, where)
     why = split_refusal(plan, S)
     if why is not None:
         raise LoweringError(f"{where}: cannot split its loop: {why}")

@@ -25,11 +25,17 @@ class TritonConfig(KernelConfig):
         speculative_max: an online softmax takes its first step's row max as every step's
             reference, its rows redone with the running max where a row sum outgrows it
             (`speculative_max`; `select` times both).
+        row_major: a kernel launched alone over its whole loop runs its blocks in row-major
+            order of its grid (one launch axis, the grid's last axis fastest; a masked one its
+            table in that order instead of the longest first), so the blocks running at once
+            share the inputs that do not vary along the last axis (attention's keys and
+            values over the query blocks).
     """
 
     loop_split: int = 1
     squeeze: bool = True
     speculative_max: bool = False
+    row_major: bool = False
 
     def __post_init__(self):
         super().__post_init__()

@@ -27,6 +27,7 @@ not explored. A budget that runs out returns what was found with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -216,10 +217,14 @@ def _search(
     best_one = None  # the cheapest instance without pre-defined kernels (seconds)
     recipes: dict[str, tuple[Structure, Numbers]] = {}  # µGraph hash -> how it was built
     keep = budget.numbers_per_structure
+    jobs = lambda t: [(a[2], t, device, keep, deadline) for a in accepted]  # noqa: E731
     with pool_for(workers) as raw:  # the structures in parallel (the search's shared pool)
-        numbered = call(
-            raw, problem, _instances, [(a[2], target, device, keep, deadline) for a in accepted]
-        )
+        numbered = call(raw, problem, _instances, jobs(target))
+        if not any(found for found, _ in numbered) and target.max_blocks < WIDE_BLOCKS:
+            # no structure has an instance within the target's block cap: past it
+            wide = dataclasses.replace(target, max_blocks=WIDE_BLOCKS)
+            numbered = call(raw, problem, _instances, jobs(wide))
+            stats["wide_grids"] = any(found for found, _ in numbered)
     stats["numbers_cut_short"] = sum(short for _, short in numbered)
     for rank, ((depth, task_index, s, key), (found, _)) in enumerate(zip(accepted, numbered)):
         desc = s.describe(name)
@@ -425,6 +430,12 @@ def _merge(into: Counters, c: Counters) -> None:
     for k, v in c.pruned.items():
         into.pruned[k] = into.pruned.get(k, 0) + v
 
+
+WIDE_BLOCKS = 32768
+"""Blocks per kernel a region's structures are numbered with where none of them has an
+instance within the target's `max_blocks` (sdpa at Llama-7B size, batch 8: no tile fits in
+shared memory at 4096 blocks); at most 65535 on a CUDA grid's y and z axes, a power of two
+below. The cap stays where anything fits: raising it would change every region's numbers."""
 
 MIN_NUMBERS = 64
 """Number choices each structure is instantiated with even past the search's deadline (the
