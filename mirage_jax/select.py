@@ -30,6 +30,7 @@ import numpy as np
 
 from lax_ir.interface import adapt
 from lax_ir.program import Program
+from mirage_jax.float_check import FloatErrors, float_reference
 from mirage_jax.lower.kernel_graph import WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
@@ -332,7 +333,9 @@ def select(
     def tol(dtype: str) -> float:
         return rtol.get(dtype, 2e-2) if isinstance(rtol, Mapping) else rtol
 
-    phases = dict.fromkeys(("xla_s", "reference_s", "verify_s", "lower_s", "time_s"), 0.0)
+    phases = dict.fromkeys(
+        ("xla_s", "reference_s", "verify_s", "lower_s", "check_s", "time_s"), 0.0
+    )
     lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -358,7 +361,7 @@ def select(
         xs = context.inputs(0) if own else inputs(0)
         ref_fn = functools.partial(float_reference, program)
         got = adapt(ref_fn, program)(*xs) if own else ref_fn(*xs)
-        reference = [np.asarray(o, np.float64) for o in got]
+        errors = FloatErrors([np.asarray(o, np.float64) for o in got])
 
     def prepare(label: str, g: MuGraph, known: tuple | None = None) -> Prepared:
         """Verify (unless `known`: its verdict and output order), lower, check one µGraph and
@@ -379,11 +382,8 @@ def select(
                     outs = list(fn(*xs))
                     outs = [outs[i] for i in order] if order else outs
                     run = (fn, inputs) if timed else None
-            outs = [np.asarray(o, np.float64) for o in outs]
-            errs = [
-                float(np.max(np.abs(o - r)) / max(1e-30, float(np.max(np.abs(r)))))
-                for o, r in zip(outs, reference)
-            ]
+            with phase("check_s"):  # the kernel's first run ends here, then the compare
+                errs = errors(outs)
             err = max(errs)
             if not all(e <= tol(d) for e, (_, d) in zip(errs, program.output_avals)):  # NaN too
                 why = f"wrong result: {err:.3g}"
@@ -549,52 +549,6 @@ def _warm_xla(run: tuple, phase: Callable[[str], Any]) -> None:
 
     with phase("xla_s"):
         warm(*run)
-
-
-REFERENCE_ON_DEVICE_FLOPS = 2e9
-"""Regions of at least this many matmul flops get their float64 reference from XLA on the GPU
-(`lax_ir.evaluate_reference_on_device`), not numpy: sdpa_causal at Llama-7B size (275 Gflop) spent
-22.0 s of its 38.2 s selection in numpy's (H100 machine, 2026-11-27), its first call 68 s."""
-
-
-def float_reference(program: Program, *xs: Any) -> list[np.ndarray]:
-    """The float64 reference of `program` on `xs` that the float checks compare against: on the
-    GPU where the region is large (`REFERENCE_ON_DEVICE_FLOPS`), else in numpy; a GPU run that
-    fails (its memory) is said in the log and done in numpy. A region whose float64 nodes
-    exceed `reference_pieces.PIECE_BYTES` is computed in pieces along its batch-like
-    dimensions (`reference_pieces`)."""
-    import jax
-
-    from mirage_jax import reference_pieces
-    from mirage_jax.compute_gate import matmul_flops
-
-    on_device = (
-        jax.default_backend() == "gpu" and matmul_flops(program) >= REFERENCE_ON_DEVICE_FLOPS
-    )
-    chunks = reference_pieces.plan(program)
-    if chunks:
-        whole = functools.partial(_float_reference, on_device=on_device)
-        return reference_pieces.evaluate(program, xs, chunks, whole)
-    return _float_reference(program, *xs, on_device=on_device)
-
-
-def _float_reference(program: Program, *xs: Any, on_device: bool) -> list[np.ndarray]:
-    """`float_reference` of one piece (or the whole region): on the GPU if `on_device`."""
-    import lax_ir
-
-    if on_device:
-        try:
-            return lax_ir.evaluate_reference_on_device(program, *xs)
-        except Exception as e:  # any failure there: numpy's reference instead
-            from mirage_jax.log import logger
-
-            logger.warning(
-                "%s: the float64 reference on the GPU failed (%s: %s); computing it in numpy",
-                program.meta.get("name", "region"),
-                type(e).__name__,
-                str(e)[:200],
-            )
-    return lax_ir.evaluate_reference(program, *xs)
 
 
 def _log(program: Program, contenders: list[Contender]) -> None:

@@ -332,3 +332,25 @@ def test_a_computed_mask_is_reduced_once_for_many_lowerings():
     first, again = step_bounds(p, k, lazy), step_bounds(p, k, lazy)
     np.testing.assert_array_equal(first.rows, again.rows)
     assert len(made) == 1
+
+
+def test_a_computed_mask_is_reduced_once_for_every_tiling():
+    """Kernels of other tilings (tiles of 16 and 32 rows, steps of 16 and 32 keys) read their
+    maps from one reduction of the value on the device, the same maps as each tiling's own."""
+    import jax.numpy as jnp
+
+    from mirage_jax.lower import masked_steps
+
+    bias = _causal_bias(64, 64)
+    bias[40:48, :] = 0.0  # rows that see every key (a tile of 32 half masked)
+    made = []
+    lazy = Computed(lambda: made.append(1) or jnp.asarray(bias), bias.shape, "float32")
+    for tq, ts in ((16, 16), (32, 16), (16, 32), (32, 32)):
+        ((i, p),) = plan(_attention_graph(tq=tq, ts=ts)).items()
+        k = _bias_arg(_attention_graph(tq=tq, ts=ts), i)
+        got, want = step_bounds(p, k, lazy), step_bounds(p, k, bias)
+        assert (got is None) == (want is None)
+        if want is not None:
+            np.testing.assert_array_equal(got.rows, want.rows)
+    assert len(made) == 1
+    assert masked_steps._base_tiles((8, 8, 4096, 24)) == (1, 1, 16, 8)
