@@ -24,6 +24,7 @@ content, so a changed row is checked again). What it costs per region is measure
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -55,6 +56,8 @@ class LoadCheck:
             `mismatches` says how).
         float_check: what the float check ran and its error, or why it did not run.
         field_s, float_s: seconds spent on the field trial and on the float check.
+        instance: "" where the field trial ran at full size; else the reduced instance it ran
+            on (a region too large for the machine, `search.recipe`).
     """
 
     output_order: tuple[int, ...]
@@ -64,6 +67,7 @@ class LoadCheck:
     float_check: str
     field_s: float
     float_s: float
+    instance: str = ""
 
     def as_record(self) -> dict[str, Any]:
         """The `load_check` part of the verification record `Cache.lookup` returns."""
@@ -75,7 +79,7 @@ class LoadCheck:
             "float_check": self.float_check,
             "field_s": round(self.field_s, 4),
             "float_s": round(self.float_s, 4),
-        }
+        } | ({"instance": self.instance} if self.instance else {})
 
 
 def check_against_region(
@@ -120,7 +124,9 @@ def check_against_region(
     else:
         how = f"not run (origin: {origin})"
     float_s = time.perf_counter() - t0
-    check = LoadCheck(order, seed, mismatches, stored_order != order, how, field_s, float_s)
+    check = LoadCheck(
+        order, seed, mismatches, stored_order != order, how, field_s, float_s, verdict.instance
+    )
     if memo is not None:
         _PASSED[memo] = check
     return check, True
@@ -137,8 +143,20 @@ def _field_trial(mugraph: Any, program: Any, seed: int) -> Any:
         import fields
     except ImportError as e:
         raise StaleEntry(f"it cannot be re-verified: fields does not import ({e})") from e
+    from fields import memory
+
+    a, b, instance = mugraph, program, None
+    if memory.trial_bytes(program, program) > memory.room():
+        # too large for one trial here: the reduced instance its recipe gives, as the search did
+        from mirage_jax.search.recipe import reduced_from_recipe
+
+        r = reduced_from_recipe(mugraph, program)
+        if r is not None:
+            a, b, instance = r.mugraph, r.program, "reduced: " + r.describe()
     try:
-        verdict = fields.verify(mugraph, program, trials=1, seed=seed)
+        verdict = fields.verify(a, b, trials=1, seed=seed)
+        if instance is not None:
+            verdict = dataclasses.replace(verdict, instance=instance)
     except Exception as e:
         raise StaleEntry(f"re-verification failed to run ({type(e).__name__}: {e})") from e
     if not verdict.equal or verdict.output_order is None:
@@ -197,20 +215,19 @@ def _float_check(mugraph: Any, program: Any, order: Sequence[int], backend: str,
 def _float_check_here(
     mugraph: Any, program: Any, order: Sequence[int], backend: str, seed: int
 ) -> str:
-    import lax_ir
+    from mirage_jax.float_check import FloatErrors, float_reference
     from mirage_jax.select import FLOAT_TOL, random_inputs
 
     run, how = _runner(mugraph, backend)
     xs = random_inputs(program, seed)
-    reference = [np.asarray(r, np.float64) for r in lax_ir.evaluate_reference(program, *xs)]
+    errors = FloatErrors([np.asarray(r, np.float64) for r in float_reference(program, *xs)])
     try:
         outs = list(run(*xs))
     except Exception as e:
         raise StaleEntry(f"its float check failed to run ({how}; {type(e).__name__}: {e})") from e
     worst = 0.0
-    for j, (ref, (_, dtype)) in enumerate(zip(reference, program.output_avals)):
-        got = np.asarray(outs[order[j]], np.float64)
-        err = float(np.max(np.abs(got - ref)) / max(1e-30, float(np.max(np.abs(ref)))))
+    errs = errors([outs[order[j]] for j in range(len(program.output_avals))])
+    for j, (err, (_, dtype)) in enumerate(zip(errs, program.output_avals)):
         tol = FLOAT_TOL.get(str(dtype), 2e-2)
         if not err <= tol:  # NaN fails too
             raise StaleEntry(

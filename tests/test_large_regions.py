@@ -10,6 +10,7 @@ import importlib
 
 import jax
 import numpy as np
+import pytest
 
 import lax_ir
 from fields import memory
@@ -115,3 +116,99 @@ def test_a_reduced_instances_verdict_lets_a_region_too_large_to_verify_through(m
     monkeypatch.setattr(verify, "_MEMO", {})
     refused = S.select(fresh, program, timed=False, verify_trials=2)
     assert refused.best is None and "not verified" in refused.reason
+
+
+def _gemm_recipes():
+    """The GEMM searched, with the (structure, numbers) its candidates were built from."""
+    from mirage_jax.search import confirm as confirm_mod
+
+    seen: dict = {}
+    real = confirm_mod.verify_full
+
+    def spy(raw, problem, graphs, trials, recipes=None, pairs=None):
+        seen.update(recipes or {})
+        return real(raw, problem, graphs, trials, recipes, pairs)
+
+    confirm_mod.verify_full = spy
+    try:
+        program = _gemm()
+        result = search(program, budget=Budget(time_s=30.0), seed=0, progress=False)
+    finally:
+        confirm_mod.verify_full = real
+    return program, result, seen
+
+
+def test_a_recipe_rebuilds_its_mugraph_and_its_reduced_instance():
+    from mirage_jax.mugraph import MuGraph
+    from mirage_jax.search import dims as dims_mod
+    from mirage_jax.search import recipe
+    from mirage_jax.search.reduced import reduced_instance
+    from mirage_jax.search.structure import Numbers
+
+    program, result, recipes = _gemm_recipes()
+    dims = dims_mod.analyse(program)
+    reduced = 0
+    for g in result.mugraphs:
+        if g.canonical_hash not in recipes:
+            continue
+        s, nums = recipes[g.canonical_hash]
+        assert recipe.decode(recipe.encode(s, nums)) == (s, nums)
+        told = MuGraph(g.ops, g.outputs, {**g.meta, recipe.RECIPE: recipe.encode(s, nums)})
+        got, want = (
+            recipe.reduced_from_recipe(told, program),
+            reduced_instance(program, dims, s, nums),
+        )
+        assert (got is None) == (want is None)
+        if want is not None:
+            reduced += 1
+            assert got.mugraph.canonical_hash == want.mugraph.canonical_hash
+            assert got.sizes == want.sizes
+        # another µGraph's numbers, or none at all: no reduced instance from it
+        other = Numbers(tuple(tuple(2 * n for n in grid) for grid in nums.grids), nums.loops)
+        wrong = MuGraph(g.ops, g.outputs, {**g.meta, recipe.RECIPE: recipe.encode(s, other)})
+        assert recipe.reduced_from_recipe(wrong, program) is None
+        assert recipe.reduced_from_recipe(g, program) is None or recipe.RECIPE in g.meta
+    assert reduced, "no candidate of the GEMM has a reduced instance"
+
+
+def test_a_cached_mugraph_too_large_for_a_trial_is_checked_on_its_reduced_instance(monkeypatch):
+    from mirage_jax import cache_check
+    from mirage_jax.cache_entry import StaleEntry
+    from mirage_jax.mugraph import MuGraph
+    from mirage_jax.search import dims as dims_mod
+    from mirage_jax.search import recipe
+    from mirage_jax.search.reduced import reduced_instance
+
+    program, result, recipes = _gemm_recipes()
+    dims = dims_mod.analyse(program)
+    g = next(
+        g
+        for g in result.mugraphs
+        if g.canonical_hash in recipes
+        and reduced_instance(program, dims, *recipes[g.canonical_hash]) is not None
+    )
+    told = MuGraph(
+        g.ops, g.outputs, {**g.meta, recipe.RECIPE: recipe.encode(*recipes[g.canonical_hash])}
+    )
+    r = reduced_instance(program, dims, *recipes[g.canonical_hash])
+    small, full = memory.trial_bytes(r.mugraph, r.program), memory.trial_bytes(program, program)
+    assert small < full
+    monkeypatch.setattr(memory, "room", lambda: small)  # the reduced trial fits, no full one
+    monkeypatch.setattr(importlib.import_module("fields.verify"), "SMALL_TRIAL", 0)
+    verdict = cache_check._field_trial(told, program, seed=7)
+    assert verdict.equal and verdict.instance.startswith("reduced: ")
+    with pytest.raises(StaleEntry, match="re-verification failed to run"):
+        cache_check._field_trial(MuGraph(g.ops, g.outputs, {}), program, seed=7)
+
+
+def test_the_search_gives_a_large_regions_mugraphs_their_recipes(monkeypatch):
+    from mirage_jax.search import recipe
+
+    program = _gemm()
+    plain = search(program, budget=Budget(time_s=30.0), seed=0, progress=False)
+    assert not any(recipe.RECIPE in g.meta for g in plain.mugraphs)  # small: none kept
+    monkeypatch.setattr(memory, "LARGE_TRIAL", 0)  # every region counts as large
+    large = search(program, budget=Budget(time_s=30.0), seed=0, progress=False)
+    told = [g for g in large.mugraphs if recipe.RECIPE in g.meta]
+    assert told, large.message
+    assert any(recipe.reduced_from_recipe(g, program) is not None for g in told)

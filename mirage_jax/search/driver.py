@@ -27,6 +27,7 @@ not explored. A budget that runs out returns what was found with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -48,6 +49,7 @@ from mirage_jax.search.budget import Budget as Budget
 from mirage_jax.search.confirm import call, confirm
 from mirage_jax.search.cut_search import search_cuts
 from mirage_jax.search.enumerate import Counters
+from mirage_jax.search.recipe import RECIPE, encode
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Numbers, Structure, instantiate
 from mirage_jax.search.tasks import Problem, prepare, run_keyed, run_task, tasks_of
@@ -217,6 +219,9 @@ def _search(
     best_one = None  # the cheapest instance without pre-defined kernels (seconds)
     recipes: dict[str, tuple[Structure, Numbers]] = {}  # µGraph hash -> how it was built
     keep = budget.numbers_per_structure
+    from fields import memory
+
+    large = memory.trial_bytes(program, program) > memory.LARGE_TRIAL
     jobs = lambda t: [(a[2], t, device, keep, deadline) for a in accepted]  # noqa: E731
     with pool_for(workers) as raw:  # the structures in parallel (the search's shared pool)
         numbered = call(raw, problem, _instances, jobs(target))
@@ -236,6 +241,9 @@ def _search(
                 structure=desc, cost=c.to_dict(), depth=depth, task=task_index,
                 name=program.meta.get("name", "region"),
             )  # fmt: skip
+            if large:  # a later process verifies it on the same reduced instance
+                with contextlib.suppress(TypeError):  # a value JSON cannot keep: none kept
+                    meta[RECIPE] = encode(s, nums)
             instances.append((c.seconds, rank, MuGraph(g.ops, g.outputs, meta), key))
             if not any(k.predefined for k in s.kernels):
                 best_one = c.seconds if best_one is None else min(best_one, c.seconds)
