@@ -280,8 +280,10 @@ def select(
             its tiles' full rank where that differs (`FULL_RANK`); a decode GEMV's weights read
             in wide tiles, a split's combine over more blocks and, on Triton, the split over
             more parts: µGraphs of their own, timed unverified and verified at full size only
-            where one wins; then, on Triton, the winner with its online softmax against its
-            first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`). The lowering
+            where one wins; then, on Triton, the winner launched row-major where it is large
+            (`ROW_MAJOR`, `tuning.row_major_variant`), and the winner with its online softmax
+            against its first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`). The
+            lowering
             reads the meta when given no config; the fastest is kept. No variant is timed for
             a winner slower than XLA by more than `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at

@@ -481,14 +481,15 @@ blocks running at once can outgrow the L2 cache only where a kernel reads much."
 
 def row_major_variant(g: MuGraph, backend: str, us: float) -> MuGraph | None:
     """`g` with its kernels' blocks launched in row-major order of their grids (`ROW_MAJOR`),
-    where it took at least `ROW_MAJOR_MIN_US` and a kernel of it has a grid of two axes or
-    more (Triton), else None. `select` times it after the other variants. On the H100
+    where it took at least `ROW_MAJOR_MIN_US` and a kernel of it launched alone has a grid of
+    two axes or more (Triton), else None. `select` times it after the other variants. On the H100
     (2026-11-28) sdpa at Llama-7B size and batch 8 ran its 8 × 8 × 128 blocks batch-fastest:
     the 264 blocks running at once read the keys and values of 64 heads, 128 MB against a
     50 MB L2."""
     if backend != "triton" or g.meta.get(ROW_MAJOR) or us < ROW_MAJOR_MIN_US:
         return None
-    grids = [op.block_graph.grid for _, op in g.graph_defined()]
+    group = set(g.one_launch())  # launched together: their launch keeps its own order
+    grids = [op.block_graph.grid for i, op in g.graph_defined() if i not in group]
     if not any(sum(n > 1 for n in grid) >= 2 for grid in grids):
         return None
     return MuGraph(g.ops, g.outputs, {**g.meta, ROW_MAJOR: True})

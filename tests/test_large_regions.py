@@ -120,21 +120,10 @@ def test_a_reduced_instances_verdict_lets_a_region_too_large_to_verify_through(m
 
 def _gemm_recipes():
     """The GEMM searched, with the (structure, numbers) its candidates were built from."""
-    from mirage_jax.search import confirm as confirm_mod
+    from tests.test_search_reduced import _search_with_recipes
 
-    seen: dict = {}
-    real = confirm_mod.verify_full
-
-    def spy(raw, problem, graphs, trials, recipes=None, pairs=None):
-        seen.update(recipes or {})
-        return real(raw, problem, graphs, trials, recipes, pairs)
-
-    confirm_mod.verify_full = spy
-    try:
-        program = _gemm()
-        result = search(program, budget=Budget(time_s=30.0), seed=0, progress=False)
-    finally:
-        confirm_mod.verify_full = real
+    program = _gemm()
+    result, seen = _search_with_recipes(program, Budget(time_s=30.0))
     return program, result, seen
 
 
