@@ -31,19 +31,10 @@ def float64_bytes(program: Program) -> int:
     return 8 * sum(math.prod(n.shape) for n in program.nodes)
 
 
-def batch_classes(program: Program, dims: dims_mod.Dims) -> list[int]:
-    """The classes `program` is a map along: not reduced, fixed or counted, at most one axis of
-    any node, size at least 2 (in class order: the inputs' leading axes first)."""
-    counted = {c for classes, _ in dims.counts.values() for c in classes}
-    return [
-        c
-        for c, size in enumerate(dims.sizes)
-        if size >= 2
-        and c not in dims.reduced
-        and c not in dims.fixed
-        and c not in counted
-        and all(row.count(c) <= 1 for row in dims.axes)
-    ]
+def batch_classes(dims: dims_mod.Dims) -> list[int]:
+    """The classes a program is a map along (`Dims.batch_like`) that no node carries on two
+    axes (in class order: the inputs' leading axes first)."""
+    return [c for c in dims.batch_like() if all(row.count(c) <= 1 for row in dims.axes)]
 
 
 def plan(program: Program, limit: int | None = None) -> dict[int, int] | None:
@@ -57,7 +48,7 @@ def plan(program: Program, limit: int | None = None) -> dict[int, int] | None:
         return {}
     dims = dims_mod.analyse(program)
     chunks: dict[int, int] = {}
-    for c in batch_classes(program, dims):
+    for c in batch_classes(dims):
         size = dims.sizes[c]
         parts = next((p for p in range(2, size + 1) if size % p == 0 and need / p <= limit), size)
         chunks[c] = size // parts

@@ -282,10 +282,9 @@ def select(
             more parts: µGraphs of their own, timed unverified and verified at full size only
             where one wins; then, on Triton, the winner launched row-major where it is large
             (`ROW_MAJOR`, `tuning.row_major_variant`), and the winner with its online softmax
-            against its first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`). The
-            lowering
-            reads the meta when given no config; the fastest is kept. No variant is timed for
-            a winner slower than XLA by more than `tuning.TUNE_WITHIN`.
+            against its first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`).
+            The lowering reads the meta when given no config; the fastest is kept. No variant
+            is timed for a winner slower than XLA by more than `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
         xla: XLA's time (µs) and method where already measured the same way (in `context`
@@ -466,22 +465,20 @@ def select(
         # the winner launched row-major, then its online softmax against its first step's
         # max: the same µGraph each time (its verdict)
         won = [(c, o) for c, o in first] + [(p.contender, p.order) for p in ready]
-        for how, make in (
-            ("launched row-major", lambda g, us: row_major_variant(g, backend, us)),
-            (
-                "with its first step's max as reference",
-                lambda g, _: speculative_variant(g, backend),
-            ),
-        ):
-            twin = make(*best[::-1])
+
+        def time_twin(how: str, twin: MuGraph | None) -> None:
+            nonlocal best
             if twin is None:
-                continue
+                return
             c, order = next((c, o) for c, o in won if c.mugraph is best[1])
             more = attempt(prepare(f"{c.label} {how}", twin, (c.verdict, order)))
             contenders.append(more)
             won.append((more, order))
             if not more.error and more.us < best[0]:
                 best = (more.us, more.mugraph)
+
+        time_twin("launched row-major", row_major_variant(best[1], backend, best[0]))
+        time_twin("with its first step's max as reference", speculative_variant(best[1], backend))
     unverified = (
         verify_trials is not None
         and best is not None

@@ -53,7 +53,7 @@ def test_the_reference_in_pieces_is_the_whole_reference():
     # the keys' class is reduced (the softmax, the second matmul): never sliced
     dims = reference_pieces.dims_mod.analyse(p)
     kv_class = dims.axes[p.inputs[1]][2]
-    assert kv_class not in reference_pieces.batch_classes(p, dims)
+    assert kv_class not in reference_pieces.batch_classes(dims)
 
 
 def test_a_region_with_no_batch_like_class_is_not_cut():

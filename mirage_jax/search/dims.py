@@ -58,6 +58,16 @@ class Dims:
     def classes_of(self, node: int) -> tuple[int | None, ...]:
         return self.axes[node]
 
+    def batch_like(self) -> list[int]:
+        """The classes the program is a map along: of size 2 or more, and neither reduced,
+        fixed nor counted (a mean's n), in class order."""
+        counted = {c for classes, _ in self.counts.values() for c in classes}
+        return [
+            c
+            for c, size in enumerate(self.sizes)
+            if size >= 2 and c not in self.reduced and c not in self.fixed and c not in counted
+        ]
+
 
 def analyse(program: Program) -> Dims:
     """The logical dimensions of `program` (see the module docstring)."""

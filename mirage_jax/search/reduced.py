@@ -69,11 +69,9 @@ def batch_tiles(s: Structure, nums: Numbers, dims: dims_mod.Dims) -> dict[int, i
     multiple of its kernels' tiles along it: the window the reduced instance keeps twice."""
     if any(k.predefined for k in s.kernels):
         return {}
-    counted = {c for classes, _ in dims.counts.values() for c in classes}
     out: dict[int, int] = {}
-    for c, size in enumerate(dims.sizes):
-        if c in dims.reduced or c in dims.fixed or c in counted or size < 2:
-            continue
+    for c in dims.batch_like():
+        size = dims.sizes[c]
         window, ok = 1, True
         for spec, grid in zip(s.kernels, nums.grids):
             m = spec.mapping
