@@ -30,6 +30,18 @@ class MuGraphError(ValueError):
     """An ill-formed µGraph; the message names the op and the rule broken."""
 
 
+class KernelLimitError(MuGraphError):
+    """A graph-defined kernel past a target's limits; `grid` and `loop` are its block graph's
+    (the search skips other numbers that give that kernel the same tiles)."""
+
+    def __init__(self, message: str, grid: tuple[int, ...], loop: int):
+        super().__init__(message)
+        self.grid, self.loop = grid, loop
+
+    def __reduce__(self):
+        return (KernelLimitError, (str(self), self.grid, self.loop))
+
+
 GRID_RANK = 3  # the vectorised form always has 3 grid axes (missing ones have size 1)
 
 
@@ -281,20 +293,26 @@ def validate(g: MuGraph, target: Target | str | None = None) -> None:
         where = f"kernel op {i} (graph_defined)"
         n = op.block_graph.num_blocks
         if n > target.max_blocks:
-            raise MuGraphError(
-                f"{where}: too many blocks: grid {op.block_graph.grid} has {n} > {target.max_blocks} ({target.name})"
+            raise KernelLimitError(
+                f"{where}: too many blocks: grid {op.block_graph.grid} has {n} > {target.max_blocks} ({target.name})",
+                op.block_graph.grid,
+                op.block_graph.forloop_range,
             )
         if info.smem_bytes > target.smem_bytes:
-            raise MuGraphError(
-                f"{where}: tile too large for shared memory: {info.smem_bytes} bytes > {target.smem_bytes} ({target.name})"
+            raise KernelLimitError(
+                f"{where}: tile too large for shared memory: {info.smem_bytes} bytes > {target.smem_bytes} ({target.name})",
+                op.block_graph.grid,
+                op.block_graph.forloop_range,
             )
         for k, bop in enumerate(op.block_graph.ops):
             if bop.op not in ("matmul", "concat_matmul"):
                 continue
             for a in bop.args:
                 if any(s != 1 for s in info.tiles[a][:-2]):
-                    raise MuGraphError(
+                    raise KernelLimitError(
                         f"{where}: block op {k} ({bop.op}) multiplies a batch of tiles "
                         f"({list(info.tiles[a])}): block matmuls are 2-D in both backends; "
-                        "split the batch dims over the grid"
+                        "split the batch dims over the grid",
+                        op.block_graph.grid,
+                        op.block_graph.forloop_range,
                     )

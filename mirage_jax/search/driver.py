@@ -43,6 +43,7 @@ import numpy as np
 
 from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
+from mirage_jax.mugraph.validate import KernelLimitError
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.budget import Budget as Budget
@@ -464,13 +465,32 @@ def _instances(
     best: dict[tuple, tuple] = {}
     contiguous = cost_model.stored_axes(problem.program)
     short = False
-    for i, nums in enumerate(numbers_for(s, problem.sizes, max_blocks=target.max_blocks)):
-        if i >= MIN_NUMBERS and best and time.monotonic() > deadline:
+    # A kernel past the target's limits (shared memory, a batched block matmul) is so for
+    # every choice that gives it the same tiles: its own grid and loop, and the grids of the
+    # kernels before it (a split kernel's partials are an input's axis). Those choices are
+    # skipped unbuilt: at Llama-7B size a structure had 9078 choices, all past the limits.
+    past_limits: set[tuple] = set()
+    tried = 0
+    for nums in numbers_for(s, problem.sizes, max_blocks=target.max_blocks):
+        keys = [(k, nums.grids[: k + 1], nums.loops[k]) for k in range(len(nums.grids))]
+        if not past_limits.isdisjoint(keys):
+            continue
+        if tried >= MIN_NUMBERS and best and time.monotonic() > deadline:
             short = True
             break
+        tried += 1
         try:
             g = instantiate(s, problem.program.input_avals, problem.sizes, nums)
             validate(g, target)
+        except KernelLimitError as e:
+            # which kernel it was, by its numbers (the µGraph's canonical order may differ)
+            same = [
+                k for k, (grid, loop) in enumerate(zip(nums.grids, nums.loops))
+                if (tuple(n for n in grid if n > 1) or (1,)) == e.grid and loop == e.loop
+            ]  # fmt: skip
+            if len(same) == 1:
+                past_limits.add(keys[same[0]])
+            continue
         except MuGraphError:
             continue
         c = cost_model.estimate(g, device, contiguous)
