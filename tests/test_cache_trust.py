@@ -9,14 +9,15 @@ import sqlite3
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import lax_ir
 import mirage_jax
 from experiments import benchmarks
-from mirage_jax import api
-from mirage_jax.cache import Cache, CacheWarning
+from mirage_jax import api, cache_check
+from mirage_jax.cache import Cache, CacheWarning, StaleEntry
 from mirage_jax.cache_check import forget_checks
 from mirage_jax.mugraph import MuGraphBuilder, to_json
 
@@ -309,3 +310,47 @@ def test_a_local_entry_whose_constant_aliases_is_rejected_by_the_field_trial(tmp
     with pytest.warns(CacheWarning, match="re-verification"):
         f, _ = run_cached(fn, cache, *xs)
     assert f.stats.kernels == 0 and cache.entries() == []
+
+
+# ---------------------------------------------------------------------- output dtypes
+def widened(x, y):
+    """A region whose output is rounded to float16: a µGraph may keep it in float32."""
+    return (x * y).astype(jnp.float16)
+
+
+def test_an_entry_whose_mugraph_keeps_a_wider_float_output_loads_and_runs_rounded(tmp_path):
+    """The search's online-softmax µGraphs end in float32 where the region rounds to a
+    narrower float; the kernel stores the region's dtype, so the cache takes such an entry
+    (sdpa_causal at Llama-7B size was searched again in every process before)."""
+    specs = [jax.ShapeDtypeStruct(SHAPE, F32)] * 2
+    (region,) = lax_ir.partition(lax_ir.capture(widened, *specs)).regions
+    b = MuGraphBuilder()
+    x, y = (b.input(SHAPE, F32) for _ in range(2))
+    graph = b.build([b.op("mul", x, y)])
+    assert graph.output_avals[0][1] == "float32"
+    assert region.program.output_avals[0][1] == "float16"
+    cache = Cache(tmp_path / "c.sqlite")
+    store(cache, region.program, graph)
+    xs = inputs(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)  # not "ignoring entry ..."
+        f, (got,) = run_cached(lambda x, y: (widened(x, y),), cache, *xs)
+    assert f.stats.kernels == 1 and f.stats.cache_hits == 1
+    assert got.dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(widened(*xs)))
+
+
+def test_an_entry_whose_mugraph_output_is_narrower_than_the_regions_is_refused():
+    def rounded_inputs(x, y):
+        return x.astype(jnp.float32) * y.astype(jnp.float32)
+
+    specs = [jax.ShapeDtypeStruct(SHAPE, jnp.float16)] * 2
+    (region,) = lax_ir.partition(lax_ir.capture(rounded_inputs, *specs)).regions
+    b = MuGraphBuilder()
+    x, y = (b.input(SHAPE, "float16") for _ in range(2))
+    graph = b.build([b.op("mul", x, y)])  # float16: the region's output is float32
+    assert not cache_check._outputs_fit(graph, region.program, (0,))
+    with pytest.raises(StaleEntry, match="output shapes or dtypes"):
+        cache_check.check_against_region(
+            graph, region.program, record={}, origin="store", backend="reference"
+        )
