@@ -122,12 +122,15 @@ def measure_mirage(
     }
 
 
-def cases(names: Sequence[str], sizes: Sequence[str], batches: Sequence[int]) -> list[Any]:
-    """The models to run, in table order: each size, then each model, then each batch."""
+def cases(
+    names: Sequence[str], sizes: Sequence[str], batches: Sequence[int], dtype: str | None = None
+) -> list[Any]:
+    """The models to run, in table order: each size, then each model, then each batch (in
+    `dtype`, default each size's)."""
     from experiments import models as M
 
     names = M.names() if list(names) == ["all"] else list(names)
-    return [M.get(n, batch=b, size=s) for s in sizes for n in names for b in batches]
+    return [M.get(n, batch=b, size=s, dtype=dtype) for s in sizes for n in names for b in batches]
 
 
 def _speedups(doc: dict) -> None:
@@ -326,7 +329,7 @@ def run(
     doc["rows"] = [r for r in doc["rows"] if r["status"] in _kept(args)]
     doc.pop("stopped", None)
     done = {r["key"] for r in doc["rows"]}
-    models = cases(args.models, args.sizes, args.model_batches)
+    models = cases(args.models, args.sizes, args.model_batches, args.dtype)
     contenders = ["jax.jit", *[c for c in args.contenders if c != "jax.jit"]]
     t0, measured = time.perf_counter(), 0
     for model in models:
@@ -396,6 +399,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["all"], help="model names, or 'all'")
     p.add_argument("--sizes", nargs="+", default=["realistic"])
     p.add_argument("--model-batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument(
+        "--dtype", default=None, help="the models' dtype (default: each size's; bfloat16, ...)"
+    )
     p.add_argument(
         "--contenders",
         nargs="+",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lax_ir.dtypes import is_float
 from lax_ir.interface import compose
 from lax_ir.layouts import is_bitcast
 from lax_ir.ops import ELEMENTWISE, broadcast_shapes, matmul_shape
@@ -70,7 +71,7 @@ def _moves_units(src: Node, n: Node) -> bool:
 def _invertible(c: Node) -> bool:
     """A float constant with no zero, whose reciprocal is a float again."""
     arr = np.asarray(c.param("value").array)
-    return arr.dtype.kind == "f" and bool(np.all(arr != 0)) and bool(np.all(np.isfinite(arr)))
+    return is_float(arr.dtype) and bool(np.all(arr != 0)) and bool(np.all(np.isfinite(arr)))
 
 
 def squeeze_leading(program: Program) -> Program:

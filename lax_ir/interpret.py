@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from lax_ir.algebra import Algebra
+from lax_ir.dtypes import is_float
 from lax_ir.ops import OPS
 
 # `program.py` builds on this module (Program.interpret); its classes name annotations only.
@@ -192,7 +193,7 @@ class FloatAlgebra:
         out = payload.primitive.bind(*args, **payload.params)
         if self.is_numpy:
             out = [np.asarray(o) for o in out] if payload.multiple_results else np.asarray(out)
-            if self.dtype is not None and not payload.multiple_results and out.dtype.kind == "f":
+            if self.dtype is not None and not payload.multiple_results and is_float(out.dtype):
                 out = out.astype(self.dtype)
         return tuple(out) if payload.multiple_results else out
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
 from lax_ir.canonical import flatten_rows, squeeze_leading
+from lax_ir.dtypes import is_float
 from lax_ir.interface import adapt
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
 from lax_ir.layouts import hoist_layouts
@@ -25,13 +25,6 @@ from lax_ir.pieces import array_constants, constant_like, demotions, gemm_cuts, 
 from lax_ir.program import Node, Program, make_params
 
 SHIFT_PASS_THROUGH = ("broadcast_in_dim", "reshape", "convert", "transpose")
-
-
-def _is_float(dtype: str) -> bool:
-    try:
-        return np.dtype(dtype).kind == "f"
-    except TypeError:
-        return False
 
 
 # ---------------------------------------------------------------------- softmax shifts
@@ -110,7 +103,7 @@ def classify(program: Program) -> Classification:
         elif info.kind == "residual":
             name = n.param("payload").primitive.name if n.op == "opaque" else "tuple projection"
             kind, reason = "residual", f"primitive `{name}` is outside the Lax fragment"
-        elif not _is_float(n.dtype) or any(not _is_float(program.nodes[a].dtype) for a in n.args):
+        elif not is_float(n.dtype) or any(not is_float(program.nodes[a].dtype) for a in n.args):
             kind, reason = (
                 "residual",
                 f"`{n.op}` on non-float data ({n.dtype}) is outside the Lax fragment",

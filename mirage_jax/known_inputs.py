@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from lax_ir.dtypes import is_float
 from lax_ir.interface import apply_ops
 from lax_ir.interpret import FloatAlgebra, eval_node
 from mirage_jax.lower.computed import Computed
@@ -169,9 +170,7 @@ def canonical_constants(
         if isinstance(value, Computed):
             if math.prod(shape) <= MAX_COMPUTED_ELEMENTS:
                 out[k] = value.then(_Canonical(steps, shape), shape)
-        elif (
-            value.dtype.kind == "f" and math.prod(shape) <= MAX_CONSTANT_ELEMENTS and _masks(value)
-        ):
+        elif is_float(value.dtype) and math.prod(shape) <= MAX_CONSTANT_ELEMENTS and _masks(value):
             out[k] = np.asarray(_Canonical(steps, shape)(value))
     return out
 

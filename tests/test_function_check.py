@@ -407,3 +407,19 @@ def test_the_checks_of_one_program_compile_jax_jit_once(monkeypatch) -> None:
     function_check.measure(program, lambda xs: [jnp.tanh(xs[0]) * 2.0], xla_us=20.0)
     assert len(traced) == 2
     function_check.forget_draws()
+
+
+def test_compare_on_device_arrays_as_on_host_ones() -> None:
+    import jax.numpy as jnp
+
+    w = np.linspace(-3, 3, 64, dtype=np.float32).reshape(8, 8)
+    assert compare([jnp.asarray(w) + 1e-5], [jnp.asarray(w)]) is None
+    assert "max error" in compare([jnp.asarray(w.T)], [jnp.asarray(w)])
+    b = jnp.asarray(w, jnp.bfloat16)
+    assert compare([b], [b]) is None and "max error" in compare([b.T], [b])
+    inf = w.copy()
+    inf[1, 2] = -np.inf
+    assert compare([jnp.asarray(inf)], [inf]) is None  # the same places
+    assert "non-finite" in compare([jnp.asarray(w)], [jnp.asarray(inf)])
+    c = (w + 1j * w).astype(np.complex64)
+    assert compare([c], [c]) is None and "max error" in compare([c.T], [c])

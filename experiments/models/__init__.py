@@ -116,8 +116,9 @@ class Model:
 
     @property
     def key(self) -> str:
-        """f"{name}_{size}_b{batch}"."""
-        return f"{self.name}_{self.size}_b{self.batch}"
+        """f"{name}_{size}_b{batch}", and f"_{dtype}" where that is not the size's default."""
+        own = "" if self.dtype == default_dtype(self.size) else f"_{self.dtype.name}"
+        return f"{self.name}_{self.size}_b{self.batch}{own}"
 
     @property
     def tolerance(self) -> tuple[float, float]:
