@@ -7,6 +7,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import lax_ir
 from mirage_jax.mugraph import Target
@@ -14,7 +15,9 @@ from mirage_jax.mugraph.validate import KernelLimitError
 from mirage_jax.search import Budget, driver, search
 
 
-def test_numbers_stop_at_the_deadline(monkeypatch) -> None:
+@pytest.fixture(scope="module")
+def numbered() -> tuple:
+    """exp(x @ w) searched, and the arguments of every `_instances` call its numbering made."""
     program = lax_ir.capture(
         lambda x, w: jnp.exp(x @ w),
         np.zeros((64, 512), np.float16),
@@ -27,8 +30,17 @@ def test_numbers_stop_at_the_deadline(monkeypatch) -> None:
         seen.append((problem, s, target, device, keep, deadline))
         return real(problem, s, target, device, keep, deadline)
 
-    monkeypatch.setattr(driver, "_instances", spy)
-    result = search(program, budget=Budget(time_s=30.0, cuts=False), seed=0)
+    driver._instances = spy
+    try:
+        result = search(program, budget=Budget(time_s=30.0, cuts=False), seed=0)
+    finally:
+        driver._instances = real
+    return result, seen
+
+
+def test_numbers_stop_at_the_deadline(numbered) -> None:
+    result, seen = numbered
+    real = driver._instances
     assert result.mugraphs and seen
     assert all(math.isfinite(args[-1]) for args in seen)  # the search's own deadline
     cut_any = False
@@ -42,25 +54,12 @@ def test_numbers_stop_at_the_deadline(monkeypatch) -> None:
 
 
 def test_choices_past_the_targets_limits_are_skipped_unbuilt_with_the_same_instances(
-    monkeypatch,
+    numbered, monkeypatch
 ) -> None:
     """A kernel whose tiles do not fit is not built again for other choices that give it the
     same tiles; what `_instances` keeps is what building every choice keeps."""
-    program = lax_ir.capture(
-        lambda x, w: jnp.exp(x @ w),
-        np.zeros((64, 512), np.float16),
-        np.zeros((512, 2048), np.float16),
-    )
-    seen = []
+    _, seen = numbered
     real = driver._instances
-
-    def spy(problem, s, target, device, keep, deadline):
-        seen.append((problem, s, device, keep))
-        return real(problem, s, target, device, keep, deadline)
-
-    monkeypatch.setattr(driver, "_instances", spy)
-    assert search(program, budget=Budget(time_s=30.0, cuts=False), seed=0).mugraphs
-    monkeypatch.undo()
     tight = Target("tight", smem_bytes=24 * 1024, max_blocks=4096)
     built = [0]
     instantiate = driver.instantiate
@@ -76,7 +75,7 @@ def test_choices_past_the_targets_limits_are_skipped_unbuilt_with_the_same_insta
         if not prune:  # no error is recognised as a kernel's: every choice is built
             monkeypatch.setattr(driver, "KernelLimitError", type("Never", (Exception,), {}))
         out = []
-        for problem, s, device, keep in seen:
+        for problem, s, _, device, keep, _ in seen:
             found, _ = real(problem, s, tight, device, keep, math.inf)
             out.append([(g.canonical_hash, nums) for g, _, nums in found])
         monkeypatch.setattr(driver, "KernelLimitError", KernelLimitError)
