@@ -25,11 +25,10 @@ MODELS = ("sdpa_decode", "sdpa")
 BATCHES = (1, 2)
 OPTS = dict(backend="pallas-interpret", reproducible=True, seed=0, progress=False)
 
-# one xdist worker for the whole module (`--dist loadgroup`): its module fixtures (a local pool's
-# run, a Ray cluster) are built once, not once per worker. pytest-xdist 3.8 with pytest 9.2
-# ignores the mark (pytest-xdist#1386); until it honours it again, `local_run` is shared through
-# `once_per_run`, and each worker that runs a Ray test starts a cluster of its own
-pytestmark = [pytest.mark.usefixtures("quiet_mirage"), pytest.mark.xdist_group("zoo")]
+# The README's command runs each test file on one xdist worker (`--dist loadfile`), so this
+# module's fixtures (a local pool's run, a Ray cluster) are built once; under another
+# distribution `local_run` is still searched once a run (`once_per_run`)
+pytestmark = [pytest.mark.usefixtures("quiet_mirage")]
 
 
 def jobs() -> list[zoo.Job]:
@@ -48,12 +47,11 @@ def entries(cache: Cache) -> dict[str, dict]:
 def local_run(once_per_run, tmp_path_factory):
     """The set optimised with the local process pool (2 workers): the reference entries.
 
-    Searched once a run (`once_per_run`), not once per xdist worker: with pytest-xdist 3.8 and
-    pytest 9.2, `--dist loadgroup` ignores `xdist_group` (pytest-xdist#1386: the group suffix is
-    written to `item._nodeid`, which pytest no longer reads), so this module's tests can land on
-    both workers, and each built this fixture (75-93 s of setup apiece in a run of this file
-    with -n 2, both at once). The other worker reads the report back and opens the same
-    database (WAL: several processes read it at once; no test writes to it)."""
+    Searched once a run (`once_per_run`), not once per xdist worker, wherever the module's tests
+    land: with `--dist load` they were spread over both workers and each built this fixture
+    (75-93 s of setup apiece with -n 2, both at once; `xdist_group` is ignored by pytest-xdist
+    3.8 with pytest 9.2, pytest-xdist#1386). Another worker reads the report back and opens the
+    same database (WAL: several processes read it at once; no test writes to it)."""
 
     def produce() -> tuple[str, zoo.Report]:
         path = tmp_path_factory.mktemp("zoo") / "local.sqlite"
