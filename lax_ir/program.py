@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -307,6 +308,14 @@ class Program:
             lines.append(f"  %{i} = {body} : {_aval_str(n)}")
         lines.append("  return " + ", ".join(f"%{o}" for o in self.outputs))
         return "\n".join(lines)
+
+
+def matmul_flops(program: Program) -> int:
+    """The flops of a program's matmuls: 2 · output elements · contracted size per matmul."""
+    nodes = program.nodes
+    return sum(
+        2 * math.prod(n.shape) * int(nodes[n.args[0]].shape[-1]) for n in nodes if n.op == "matmul"
+    )
 
 
 def _aval_str(n: Node) -> str:

@@ -20,10 +20,11 @@ neighbours, which a kernel of its own cannot match, however it does alone. Off w
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from lax_ir.program import matmul_flops as matmul_flops
 
 CEILING_FLOPS: dict[str, float] = {"H100": 3.0e14, "H200": 3.0e14}
 """Per device kind (a substring of `jax.Device.device_kind`): a rate above the fastest any of
@@ -38,17 +39,6 @@ MIN_FLOOR_US = 5.0
 
 _XLA: dict[tuple, tuple[float, str]] = {}
 _LOCK = threading.Lock()
-
-
-def matmul_flops(program: Any) -> int:
-    """The flops of the region's matmuls: 2 · output elements · contracted size per matmul."""
-    nodes = program.nodes
-    total = 0
-    for n in nodes:
-        if n.op == "matmul":
-            k = nodes[n.args[0]].shape[-1]
-            total += 2 * math.prod(n.shape) * int(k)
-    return total
 
 
 def ceiling(device: str) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lax_ir.program import Program
+from lax_ir.program import Program, matmul_flops
 
 REFERENCE_ON_DEVICE_FLOPS = 2e9
 """Regions of at least this many matmul flops get their float64 reference from XLA on the GPU
@@ -32,7 +32,6 @@ def float_reference(program: Program, *xs: Any) -> list[np.ndarray]:
     import jax
 
     from mirage_jax import reference_pieces
-    from mirage_jax.compute_gate import matmul_flops
 
     on_device = (
         jax.default_backend() == "gpu" and matmul_flops(program) >= REFERENCE_ON_DEVICE_FLOPS
