@@ -46,13 +46,15 @@ from fields.numbers import (
     sub_mod,
     to_residues,
 )
+from lax_ir.dtypes import is_float
 from lax_ir.ops import UNINTERPRETED, broadcast_shapes, matmul_shape
 
 Mod = Callable[..., np.ndarray]
 
 
 def _kind(dtype: str) -> str:
-    return "f" if dtype == "bfloat16" else np.dtype(dtype).kind
+    """numpy's dtype kind, "f" for every float (bfloat16 and float8 included)."""
+    return "f" if is_float(dtype) else np.dtype(dtype).kind
 
 
 def _reduced(shape: tuple[int, ...], axes: Sequence[int]) -> tuple[int, ...]:

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from lax_ir.dtypes import is_float
+
 MAX_EXACT_BITS = 53
 """float64 represents every integer below 2^53 exactly."""
 MIN_LIMB_BITS = 8
@@ -410,7 +412,7 @@ def to_residues(value: Any, m: int) -> np.ndarray:
         if arr.dtype == np.uint64:
             return (arr % np.uint64(m)).astype(np.int64)
         return np.remainder(arr.astype(np.int64), m)
-    if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
+    if not is_float(arr.dtype):
         raise FieldSemanticsError(f"constant of dtype {arr.dtype} has no field value")
     f = arr.astype(np.float64)
     if not np.isfinite(f).all():

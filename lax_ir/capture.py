@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from lax_ir.dtypes import is_float
 from lax_ir.ops import PRIMITIVES, dtype_name, matmul_shape
 from lax_ir.program import Const, Node, Opaque, Program, make_params
 
@@ -343,8 +344,7 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
     if which is not None and b.shape(ins[int(which) + 1]) == shape:
         return ins[int(which) + 1]
     fill = _constant_scalar(b, ins[1])
-    kind = np.dtype(dtype).kind if dtype != "bfloat16" else "f"
-    if fill is None or kind != "f" or b.dtype(ins[0]) != "bool":
+    if fill is None or not is_float(dtype) or b.dtype(ins[0]) != "bool":
         return None
     fill = float(fill)
     if not (fill == -np.inf or fill <= 0.5 * float(_finfo(dtype).min)):
@@ -404,9 +404,9 @@ def _unbroadcast(b: _Builder, i: int, rank: int) -> tuple[int, tuple[int, ...]]:
 
 
 def _finfo(dtype: str) -> Any:
-    import ml_dtypes  # numpy's finfo does not know bfloat16
+    import ml_dtypes  # numpy's finfo does not know bfloat16 (lax_ir.dtypes registers its name)
 
-    return ml_dtypes.finfo(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype))
+    return ml_dtypes.finfo(np.dtype(dtype))
 
 
 def _integer_pow(b: _Builder, ins, params, shape, dtype):
