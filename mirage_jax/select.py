@@ -43,7 +43,6 @@ from mirage_jax.tuning import (
     speculative_variant,
     tuned_variants,
     tuning_bases,
-    unrolled_variant,
     within,
 )
 
@@ -283,9 +282,8 @@ def select(
             more parts: µGraphs of their own, timed unverified and verified at full size only
             where one wins; then, on Triton, the winner launched row-major where it is large
             (`ROW_MAJOR`, `tuning.row_major_variant`), and the winner with its online softmax
-            against its first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`);
-            a small winner that loops, its loops unrolled (`LOOP_UNROLL`,
-            `tuning.unrolled_variant`). The lowering reads the meta when given no config; the fastest is kept. No variant
+            against its first step's max (`SPECULATIVE_MAX`, `tuning.speculative_variant`).
+            The lowering reads the meta when given no config; the fastest is kept. No variant
             is timed for a winner slower than XLA by more than `tuning.TUNE_WITHIN`.
         compile_threads: timed, the candidates are verified, lowered and compiled this many at
             a time (threads), and then timed one at a time.
@@ -481,7 +479,6 @@ def select(
 
         time_twin("launched row-major", row_major_variant(best[1], backend, best[0]))
         time_twin("with its first step's max as reference", speculative_variant(best[1], backend))
-        time_twin("with its loops unrolled", unrolled_variant(best[1], best[0]))
     unverified = (
         verify_trials is not None
         and best is not None

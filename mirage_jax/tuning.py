@@ -12,14 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mirage_jax.lower.kernel_graph import (
-    FULL_RANK,
-    LOOP_SPLIT,
-    LOOP_UNROLL,
-    ROW_MAJOR,
-    SPECULATIVE_MAX,
-    WARPS,
-)
+from mirage_jax.lower.kernel_graph import FULL_RANK, LOOP_SPLIT, ROW_MAJOR, SPECULATIVE_MAX, WARPS
 from mirage_jax.lower.registry import LoweringError
 from mirage_jax.mugraph import MuGraph
 from mirage_jax.search.order import structure_key
@@ -479,25 +472,6 @@ def speculative_variant(g: MuGraph, backend: str) -> MuGraph | None:
     if any(isinstance(for_plan(p), Speculation) for p in plans.values()):
         return MuGraph(g.ops, g.outputs, {**g.meta, SPECULATIVE_MAX: True})
     return None
-
-
-UNROLL = 2
-"""The unroll factor `select` times a small winner's loops with (`unrolled_variant`): on the
-H100 (2026-11-28, `config_probe_llama_decode_eqx_b1_r*`, each region alone) the decode kernels
-of 2 loop steps ran 3.78 → 3.65 µs (o-projection), 6.46 → 6.14 (norm + gate/up) and 5.02 →
-4.58 (norm + QKV, three launches of one group), one of 4 steps 8.27 → 7.89; loop-free ones as
-before."""
-
-
-def unrolled_variant(g: MuGraph, us: float) -> MuGraph | None:
-    """`g` with its kernels' for-loops unrolled `UNROLL` times (`LOOP_UNROLL`), where it took
-    at most `SMALL_TUNING_US` and a kernel of it loops at least twice, else None. A loop of
-    few steps waits on each step's loads in turn; unrolled, their loads issue together."""
-    if us > SMALL_TUNING_US or g.meta.get(LOOP_UNROLL, 1) > 1:
-        return None
-    if not any(op.block_graph.forloop_range >= 2 for _, op in g.graph_defined()):
-        return None
-    return MuGraph(g.ops, g.outputs, {**g.meta, LOOP_UNROLL: UNROLL})
 
 
 ROW_MAJOR_MIN_US = 200.0

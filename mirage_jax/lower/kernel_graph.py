@@ -48,11 +48,6 @@ for kernels lowered with no config by a backend that can (`TritonConfig.speculat
 `select` times both)."""
 
 
-LOOP_UNROLL = "loop_unroll"
-"""µGraph meta key: the unroll factor of kernels' for-loops, for kernels lowered with no config
-(`KernelConfig.loop_unroll`; `select` times it for small winners that loop)."""
-
-
 ROW_MAJOR = "row_major"
 """µGraph meta key: True where kernels launch their blocks in row-major order of their grid
 (the last axis fastest), for kernels lowered with no config by a backend that can
@@ -194,11 +189,6 @@ def lower(
     if tuned and mugraph.meta.get(SPECULATIVE_MAX) and hasattr(config, "speculative_max"):
         for i in plans:
             configs[i] = dataclasses.replace(configs.get(i, config), speculative_max=True)
-    if tuned and mugraph.meta.get(LOOP_UNROLL, 1) > 1 and hasattr(config, "loop_unroll"):
-        for i in plans:
-            configs[i] = dataclasses.replace(
-                configs.get(i, config), loop_unroll=int(mugraph.meta[LOOP_UNROLL])
-            )
     if tuned and mugraph.meta.get(ROW_MAJOR) and hasattr(config, "row_major"):
         for i in plans:
             configs[i] = dataclasses.replace(configs.get(i, config), row_major=True)
