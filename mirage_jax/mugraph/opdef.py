@@ -161,7 +161,10 @@ class OpDef:
 # ---------------------------------------------------------------------------- shape rules
 def broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     """Equal ranks; each dim equal or 1 on one side (Mirage broadcasts only size-1 dims)."""
-    rank = len(shapes[0])
+    first = shapes[0]
+    if all(s == first for s in shapes):  # the common case (the search asks it ~10^5 times)
+        return tuple(first)
+    rank = len(first)
     if any(len(s) != rank for s in shapes):
         raise ShapeError(f"operand ranks differ: {list(shapes)}")
     out = []
