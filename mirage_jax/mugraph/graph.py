@@ -455,6 +455,7 @@ class MuGraphBuilder:
     def __init__(self):
         self._ops: list[KernelOp] = []
         self._n_inputs = 0
+        self._shapes: dict[Ref, tuple[tuple[int, ...], str]] = {}
 
     def input(self, shape, dtype="float16") -> Ref:
         p = make_params(index=self._n_inputs, shape=tuple(int(s) for s in shape), dtype=str(dtype))
@@ -472,10 +473,11 @@ class MuGraphBuilder:
         return [(i, j) for j in range(len(block_graph.outputs))]
 
     def shape(self, ref: Ref) -> tuple[tuple[int, ...], str]:
-        """(shape, dtype) of a tensor built so far."""
-        g = MuGraph(tuple(self._ops), (ref,))
-
-        return kernel_shapes(g)[ref]
+        """(shape, dtype) of a tensor built so far (ops are only appended: each op's shapes
+        are inferred once)."""
+        if ref not in self._shapes:
+            self._shapes = kernel_shapes(MuGraph(tuple(self._ops), (ref,)), self._shapes)
+        return self._shapes[ref]
 
     def build(self, outputs: Sequence[Ref], **meta: Any) -> MuGraph:
         return MuGraph.build(self._ops, outputs, meta)

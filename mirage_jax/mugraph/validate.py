@@ -118,7 +118,17 @@ def result_dtype(dtypes: Sequence[str]) -> str:
 
 @lru_cache(maxsize=4096)
 def block_info(bg: BlockGraph) -> BlockInfo:
-    """Infer tile shapes of a BlockGraph, or raise MuGraphError naming the op and rule."""
+    """Infer tile shapes of a BlockGraph, or raise MuGraphError naming the op and rule. Kept on
+    the (frozen) block graph once inferred: the search's numbering asks it of each kernel many
+    times as it builds and validates a µGraph."""
+    info = bg.__dict__.get("_block_info")
+    if info is None:
+        info = _block_info(bg)
+        object.__setattr__(bg, "_block_info", info)
+    return info
+
+
+def _block_info(bg: BlockGraph) -> BlockInfo:
     grid, F = bg.grid, bg.forloop_range
     if not 1 <= len(grid) <= GRID_RANK or any(int(g) < 1 for g in grid):
         raise MuGraphError(f"block graph: grid {grid} must have 1 to 3 axes, each >= 1")
@@ -232,10 +242,15 @@ def block_info(bg: BlockGraph) -> BlockInfo:
     )
 
 
-def kernel_shapes(g: MuGraph) -> dict[Ref, tuple[tuple[int, ...], str]]:
-    """(shape, dtype) of every kernel tensor, or MuGraphError naming the op and rule."""
-    out: dict[Ref, tuple[tuple[int, ...], str]] = {}
+def kernel_shapes(
+    g: MuGraph, known: dict[Ref, tuple[tuple[int, ...], str]] | None = None
+) -> dict[Ref, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every kernel tensor, or MuGraphError naming the op and rule. `known`:
+    the shapes of a prefix of `g`'s ops already inferred (a builder's), not inferred again."""
+    out: dict[Ref, tuple[tuple[int, ...], str]] = dict(known or {})
     for i, op in enumerate(g.ops):
+        if (i, 0) in out:
+            continue
         where = f"kernel op {i} ({op.op})"
         if any(a not in out for a in op.args):
             raise MuGraphError(f"{where}: refers to a later or invalid tensor {op.args}")
