@@ -116,11 +116,11 @@ def result_dtype(dtypes: Sequence[str]) -> str:
     return widest[0] if len(widest) == 1 else "float32"
 
 
-@lru_cache(maxsize=4096)
 def block_info(bg: BlockGraph) -> BlockInfo:
     """Infer tile shapes of a BlockGraph, or raise MuGraphError naming the op and rule. Kept on
     the (frozen) block graph once inferred: the search's numbering asks it of each kernel many
-    times as it builds and validates a µGraph."""
+    times as it builds and validates a µGraph, and the shared cache below must hash the whole
+    graph to answer."""
     info = bg.__dict__.get("_block_info")
     if info is None:
         info = _block_info(bg)
@@ -128,6 +128,7 @@ def block_info(bg: BlockGraph) -> BlockInfo:
     return info
 
 
+@lru_cache(maxsize=4096)
 def _block_info(bg: BlockGraph) -> BlockInfo:
     grid, F = bg.grid, bg.forloop_range
     if not 1 <= len(grid) <= GRID_RANK or any(int(g) < 1 for g in grid):
