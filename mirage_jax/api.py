@@ -34,7 +34,7 @@ from mirage_jax._env import _WARNED as _WARNED
 from mirage_jax._env import FallbackError as FallbackError
 from mirage_jax._env import MirageWarning as MirageWarning
 from mirage_jax._env import device_kind as device_kind
-from mirage_jax._env import fallback, strict_default
+from mirage_jax._env import fallback, settle_trace_context, strict_default, trace_context_size
 from mirage_jax._env import has_gpu as has_gpu
 from mirage_jax._env import warn_once as warn_once
 from mirage_jax.assemble import assemble
@@ -176,6 +176,7 @@ class MirageJit:
         self.scan_bodies: list[MirageJit] = []  # the jits of its scans' bodies (`scan_bodies`)
         self._in_scan = False  # a scan's body (`_scan_body`)
         self._memo: dict[str, RegionDecision] = {}
+        self._context_size = 0  # JAX's trace-context size when the last trace began
         self._checks: dict[str, Any] = {}  # whole-function checks by signature key
         self._jit_kwargs = {
             "static_argnums": static_argnums,
@@ -192,7 +193,17 @@ class MirageJit:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._jitted(*args, **kwargs)
+        settle_trace_context()
+        traces = self.stats.traces
+        out = self._jitted(*args, **kwargs)
+        if self.stats.traces != traces and trace_context_size() != self._context_size:
+            logger.info(
+                "%s: a module imported during this call registered a JAX trace-context state, "
+                "so the next call traces and compiles again (add it to "
+                "mirage_jax._env.TRACE_CONTEXT_MODULES)",
+                self._name,
+            )
+        return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else functools.partial(self, obj)
@@ -203,10 +214,12 @@ class MirageJit:
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """`jax.jit(...).lower` of the assembled function."""
+        settle_trace_context()
         return self._jitted.lower(*args, **kwargs)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """`jax.jit(...).trace` of the assembled function (runs the resolution)."""
+        settle_trace_context()
         return self._jitted.trace(*args, **kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
@@ -233,6 +246,7 @@ class MirageJit:
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
         self.stats.traces += 1
+        self._context_size = trace_context_size()
         name = self._name
         clock = _Phases()
         fn = self.fn  # with its scans' bodies optimised where it has scans (`scan_bodies`)

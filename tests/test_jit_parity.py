@@ -202,6 +202,41 @@ def test_a_script_without_a_main_guard_searches_with_two_workers(tmp_path):
     assert kernels == "1" and float(err) < 1e-3, run.stdout
 
 
+def test_a_second_call_in_a_fresh_process_neither_traces_nor_compiles_again(tmp_path):
+    """Lowering a Pallas kernel imports modules that register JAX trace-context states; in a
+    fresh process that happened inside the first call, so `jax.jit`'s cache missed on the
+    second call, which captured, resolved and compiled the function again (4.5 s for a tiny
+    GPT-2 block). `settle_trace_context` imports them before the first dispatch."""
+    script = tmp_path / "twice.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import numpy as np, jax.numpy as jnp
+            import mirage_jax
+            def f(x, w):
+                return (x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)) @ w
+            if __name__ == "__main__":
+                x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+                w = np.random.default_rng(1).standard_normal((64, 128)).astype(np.float32)
+                g = mirage_jax.jit(f, backend="pallas-interpret", cache=False, workers=1,
+                                   max_candidates=1, strict=True)
+                for _ in range(3):
+                    out = g(x, w)
+                print("traces", g.stats.traces, "kernels", g.stats.kernels,
+                      float(np.max(np.abs(out - f(x, w)))), flush=True)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    _, traces, _, kernels, err = run.stdout.split()
+    assert (traces, kernels) == ("1", "1") and float(err) < 1e-3, run.stdout
+
+
 @pytest.mark.gpu
 def test_gpu_whole_function_check_keeps_jax_jit_when_the_kernels_are_slower(tmp_path):
     # one block of one row at a time: a µGraph far slower than XLA's fused rmsnorm GEMM
