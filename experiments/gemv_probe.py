@@ -36,6 +36,8 @@ SHAPES = {  # name: (rows, K, N), the realistic Llama decode block's projections
     "down_7b_b1": (1, 11008, 4096),
 }
 
+SPLITS = (1, 2, 4, 8, 16, 43, 86)
+"""Split-K factors: powers of two, and 43 and 86 for the 7B down projection's K = 11008 = 43 · 256."""
 
 try:  # the kernel needs triton (installed with jax's GPU wheels); the module imports without
     import triton
@@ -134,7 +136,7 @@ def probe(shapes: list[str], calls: int, per_shape_s: float) -> dict:
         tried = []
         deadline = time.monotonic() + per_shape_s
         for bn, bk, split, dot in itertools.product(
-            (32, 64, 128, 256), (64, 128, 256, 512), (1, 2, 4, 8), (0, 1, 2)
+            (32, 64, 128, 256, 512), (64, 128, 256, 512), SPLITS, (0, 1, 2)
         ):
             if n % bn or k % (split * bk) or (dot and m == 1) or (dot == 2 and bn < 64):
                 continue

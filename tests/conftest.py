@@ -19,7 +19,36 @@ def has_gpu() -> bool:
         return False
 
 
+FILE_SECONDS = {
+    "test_pieces.py": 302,
+    "test_zoo.py": 208,
+    "test_search.py": 191,
+    "test_api.py": 114,
+    "test_notebooks.py": 110,
+    "test_lower.py": 76,
+    "test_search_reduced.py": 64,
+    "test_hfuse.py": 60,
+    "test_masked_steps.py": 59,
+    "test_jit_parity.py": 56,
+    "test_glue.py": 52,
+    "test_reproduce.py": 47,
+    "test_real_baselines.py": 38,
+}
+"""Seconds of tests per file in the README's suite run (2 cores, 2026-11-28, `--durations=0`),
+for the order files are handed to the workers in: longest first. By number of tests (xdist's
+default) test_zoo's 208 s came near the end, with the other worker idle for part of it."""
+
+
+def pytest_configure(config):
+    # `--dist loadfile` hands out files in collection order (`pytest_collection_modifyitems`)
+    # rather than by their number of tests
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {id(item): k for k, item in enumerate(items)}
+    items.sort(key=lambda it: (-FILE_SECONDS.get(it.path.name, 0), rank[id(it)]))
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
