@@ -42,8 +42,10 @@ def run(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
+    if sys.argv[1:] in (["settled"], ["unsettled"]):
         run(sys.argv[1])
+    elif len(sys.argv) > 1:
+        sys.exit(__doc__)
     else:
         for m in ("settled", "unsettled"):
             subprocess.run([sys.executable, "-m", "experiments.retrace_check", m], check=False)
