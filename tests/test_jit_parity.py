@@ -171,12 +171,23 @@ def test_strict_mode_raises_on_a_fallback(tmp_path, monkeypatch):
         mirage_jax.jit(bench.fn, backend="reference", cache=False)(*xs)
 
 
+def run_script(script: Path, text: str) -> subprocess.CompletedProcess:
+    """Write `text` (dedented) to `script` and run it in a fresh CPU process from the repo."""
+    script.write_text(textwrap.dedent(text))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=script.parent,
+        env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run
+
+
 @pytest.mark.slow
 def test_a_script_without_a_main_guard_searches_with_two_workers(tmp_path):
-    script = tmp_path / "user_script.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    run = run_script(
+        tmp_path / "user_script.py",
+        """
             import numpy as np, jax.numpy as jnp
             import mirage_jax
             print("body", flush=True)
@@ -188,15 +199,8 @@ def test_a_script_without_a_main_guard_searches_with_two_workers(tmp_path):
                                strict=True)
             out = g(x, w)
             print("kernels", g.stats.kernels, float(np.max(np.abs(out - f(x, w)))), flush=True)
-            """
-        )
+            """,
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    run = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
-        timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.count("body") == 1, run.stdout  # no worker re-ran the script
     kernels, err = run.stdout.split("kernels")[1].split()
     assert kernels == "1" and float(err) < 1e-3, run.stdout
@@ -207,10 +211,9 @@ def test_a_second_call_in_a_fresh_process_neither_traces_nor_compiles_again(tmp_
     fresh process that happened inside the first call, so `jax.jit`'s cache missed on the
     second call, which captured, resolved and compiled the function again (4.5 s for a tiny
     GPT-2 block). `settle_trace_context` imports them before the first dispatch."""
-    script = tmp_path / "twice.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    run = run_script(
+        tmp_path / "twice.py",
+        """
             import numpy as np, jax.numpy as jnp
             import mirage_jax
             def f(x, w):
@@ -224,15 +227,8 @@ def test_a_second_call_in_a_fresh_process_neither_traces_nor_compiles_again(tmp_
                     out = g(x, w)
                 print("traces", g.stats.traces, "kernels", g.stats.kernels,
                       float(np.max(np.abs(out - f(x, w)))), flush=True)
-            """
-        )
+            """,
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    run = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
-        timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
     _, traces, _, kernels, err = run.stdout.split()
     assert (traces, kernels) == ("1", "1") and float(err) < 1e-3, run.stdout
 
