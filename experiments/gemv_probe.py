@@ -8,6 +8,7 @@ the search's space and the lowering can be judged against it. Device time per ca
 (`mirage_jax.profile.time_trace`, median):
 
     python -m experiments.gemv_probe --out experiments/results
+    python -m experiments.gemv_probe --nk --shapes down_7b_b1   # the weight stored (N, K)
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ if triton is not None:
         BK: tl.constexpr,
         SPLIT: tl.constexpr,
         MODE: tl.constexpr,
+        NK: tl.constexpr,
     ):
         pn = tl.program_id(0)
         ps = tl.program_id(1)
@@ -78,7 +80,10 @@ if triton is not None:
         for k in range(0, ks, BK):
             rk = ps * ks + k + tl.arange(0, BK)
             xt = tl.load(x + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0)
-            wt = tl.load(w + rk[:, None] * N + rn[None, :])
+            if NK:  # the weight stored (N, K), rows along K, as equinox's Linear keeps it
+                wt = tl.load(w + rn[None, :] * K + rk[:, None])
+            else:
+                wt = tl.load(w + rk[:, None] * N + rn[None, :])
             if MODE == 1:
                 acc += tl.dot(xt, wt)
             elif MODE == 2:  # swapped: W^T x^T, the weight tile as the dot's wide M side
@@ -92,7 +97,7 @@ if triton is not None:
             tl.atomic_add(ptrs, acc, mask=rm[:, None] < M)
 
 
-def _call(gemv, m, k, n, bn, bk, split, warps, stages, dot):
+def _call(gemv, m, k, n, bn, bk, split, warps, stages, dot, nk=False):
     import jax_triton as jt
 
     bm = max(16, m) if dot else m  # dot: 0 multiply-sum on CUDA cores, 1 tl.dot, 2 swapped
@@ -115,12 +120,13 @@ def _call(gemv, m, k, n, bn, bk, split, warps, stages, dot):
             BK=bk,
             SPLIT=split,
             MODE=dot,
+            NK=nk,
         )[0]
 
     return f
 
 
-def probe(shapes: list[str], calls: int, per_shape_s: float) -> dict:
+def probe(shapes: list[str], calls: int, per_shape_s: float, nk: bool = False) -> dict:
     gemv = _kernel()
     rows = {}
     for name in shapes:
@@ -130,8 +136,11 @@ def probe(shapes: list[str], calls: int, per_shape_s: float) -> dict:
         w = (jax.random.normal(jax.random.fold_in(key, 1), (k, n), jnp.float16) * 0.03).astype(
             jnp.float16
         )
-        ref = jnp.dot(x, w, preferred_element_type=jnp.float32)
-        res = {"xla_us": time_trace(lambda a, b: jnp.dot(a, b), [x, w], calls=calls).median_us}
+        if nk:  # the same values stored transposed; XLA computes x @ wᵀ
+            w = jnp.asarray(w.T)
+        ref = jnp.dot(x, w.T if nk else w, preferred_element_type=jnp.float32)
+        xla = (lambda a, b: jnp.dot(a, b.T)) if nk else (lambda a, b: jnp.dot(a, b))
+        res = {"xla_us": time_trace(xla, [x, w], calls=calls).median_us}
         res["bytes"] = 2 * (k * n + m * k + m * n)
         tried = []
         deadline = time.monotonic() + per_shape_s
@@ -146,7 +155,7 @@ def probe(shapes: list[str], calls: int, per_shape_s: float) -> dict:
                 continue
             cfg = dict(bn=bn, bk=bk, split=split, warps=4, stages=3, dot=dot)
             try:
-                f = jax.jit(_call(gemv, m, k, n, bn, bk, split, 4, 3, dot))
+                f = jax.jit(_call(gemv, m, k, n, bn, bk, split, 4, 3, dot, nk))
                 err = float(jnp.max(jnp.abs(f(x, w) - ref)))
                 us = time_trace(f, [x, w], calls=calls).median_us
                 tried.append({**cfg, "us": us, "err": err})
@@ -158,7 +167,7 @@ def probe(shapes: list[str], calls: int, per_shape_s: float) -> dict:
         for t in ok[:3]:  # the best three under other warps and pipelining depths
             for warps, stages in ((8, 3), (4, 1), (4, 2), (4, 4), (8, 4), (2, 3)):
                 f = jax.jit(
-                    _call(gemv, m, k, n, t["bn"], t["bk"], t["split"], warps, stages, t["dot"])
+                    _call(gemv, m, k, n, t["bn"], t["bk"], t["split"], warps, stages, t["dot"], nk)
                 )
                 us = time_trace(f, [x, w], calls=calls).median_us
                 tried.append({**t, "warps": warps, "stages": stages, "us": us})
@@ -180,15 +189,18 @@ def probe(shapes: list[str], calls: int, per_shape_s: float) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    p.add_argument("--nk", action="store_true", help="the weight stored (N, K), as equinox has it")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--per-shape-s", type=float, default=60.0, help="stop new tilings after")
     p.add_argument("--out", type=Path, default=None, help="a folder for the JSON")
     a = p.parse_args(argv)
-    rows = probe(a.shapes, a.calls, a.per_shape_s)
+    rows = probe(a.shapes, a.calls, a.per_shape_s, a.nk)
     if a.out:
         dev = jax.devices()[0].device_kind.split()[1].lower()
         args = {**vars(a), "out": str(a.out)}
-        write_probe(a.out / f"gemv_probe_{dev}_{time.strftime('%Y-%m-%d')}.json", args, rows)
+        tag = "_nk" if a.nk else ""
+        path = a.out / f"gemv_probe_{dev}_{time.strftime('%Y-%m-%d')}{tag}.json"
+        write_probe(path, args, rows)
 
 
 if __name__ == "__main__":
