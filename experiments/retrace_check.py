@@ -18,7 +18,6 @@ import time
 def run(mode: str) -> None:
     """gqa_stable at b=1 under `mirage_jax.jit` (default options), called three times."""
     import jax
-    from jax._src import config
 
     import mirage_jax
     import mirage_jax._env as env
@@ -29,11 +28,11 @@ def run(mode: str) -> None:
     bm = benchmarks.get("gqa_stable", 1)
     xs = [jax.numpy.asarray(a) for a in bm.make_inputs(0)]
     f = mirage_jax.jit(bm.fn)
-    before = len(config.trace_context_names())
+    before = env.trace_context_size()
     for i in range(3):
         t = time.perf_counter()
         jax.block_until_ready(f(*xs))
-        after = len(config.trace_context_names())
+        after = env.trace_context_size()
         print(
             f"{mode} call {i}: {time.perf_counter() - t:.3f} s, traces {f.stats.traces}, "
             f"context {before} -> {after}",
