@@ -314,7 +314,7 @@ def test_tiny_block_runs_fused_kernels_like_jax_jit(tmp_path, name: str, least: 
     )
     xs = jnp.stack([x, 0.5 * x])
     vm = jax.vmap(lambda x: jax.tree_util.tree_leaves(f(params, x, *rest))[0])(xs)
-    vw = jax.vmap(lambda x: jax.tree_util.tree_leaves(m.fn(params, x, *rest))[0])(xs)
+    vw = jax.jit(jax.vmap(lambda x: jax.tree_util.tree_leaves(m.fn(params, x, *rest))[0]))(xs)
     np.testing.assert_allclose(np.asarray(vm), np.asarray(vw), rtol=2e-5, atol=2e-5)
 
 
