@@ -26,25 +26,14 @@ from experiments import models as M
 from experiments.region_probe import write_probe
 from lax_ir.interpret import FloatAlgebra, interpret
 from mirage_jax.profile import time_trace
-from mirage_jax.search.cuts import PASS, cut_candidates
+from mirage_jax.search.cuts import computed_matmul_args, cut_candidates
 from mirage_jax.select import random_inputs
 
 
 def matmul_operands(program: lax_ir.Program) -> list[int]:
     """The values the region's matmuls read that the region computes (after the converts and
     broadcasts between a cut candidate and the matmul: what the GEMM itself reads)."""
-    nodes = program.nodes
-    out = []
-    for _, n in program.ops():
-        if n.op != "matmul":
-            continue
-        for a in n.args:
-            b = a
-            while nodes[b].op in PASS:
-                b = nodes[b].args[0]
-            if nodes[b].op not in ("input", "constant") and a not in out:
-                out.append(a)
-    return sorted(out)
+    return sorted({arg for arg, _ in computed_matmul_args(program)})
 
 
 def with_barriers(program: lax_ir.Program, at: set[int]):

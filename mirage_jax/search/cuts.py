@@ -25,19 +25,26 @@ from mirage_jax.mugraph import MuGraph, MuGraphBuilder
 PASS = ("convert", "broadcast_in_dim", "reshape")
 
 
-def cut_candidates(program: Program) -> list[int]:
-    """Computed nodes a matmul reads (through converts and broadcasts), nearest inputs first."""
+def computed_matmul_args(program: Program) -> list[tuple[int, int]]:
+    """(arg, source) for each matmul argument the region computes: the node the matmul reads,
+    and the node behind the converts and broadcasts between them (`PASS`)."""
     nodes = program.nodes
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     for _, n in program.ops():
         if n.op != "matmul":
             continue
         for a in n.args:
-            while nodes[a].op in PASS:
-                a = nodes[a].args[0]
-            if nodes[a].op not in ("input", "constant") and a not in out:
-                out.append(a)
-    return sorted(out)
+            b = a
+            while nodes[b].op in PASS:
+                b = nodes[b].args[0]
+            if nodes[b].op not in ("input", "constant"):
+                out.append((a, b))
+    return out
+
+
+def cut_candidates(program: Program) -> list[int]:
+    """Computed nodes a matmul reads (through converts and broadcasts), nearest inputs first."""
+    return sorted({source for _, source in computed_matmul_args(program)})
 
 
 def cut_sets(program: Program, max_cuts: int) -> list[tuple[int, ...]]:
