@@ -132,14 +132,14 @@ def check_against_region(
 
 
 def _outputs_fit(mugraph: Any, program: Any, order: Sequence[int]) -> bool:
-    """Does each region output get the µGraph output of its shape, in its dtype or in a wider
-    float one (the kernel stores that rounded to the region's: `regions.region_out_dtypes`)?"""
-    from mirage_jax.lower.kernel_graph import narrower_float
+    """Does each region output get the µGraph output of its shape, in its dtype or in another
+    float one (the kernel stores it in the region's: `regions.region_out_dtypes`)?"""
+    from mirage_jax.lower.kernel_graph import other_float
 
     outs = mugraph.output_avals
     return len(order) == len(program.output_avals) and all(
         tuple(outs[i][0]) == tuple(shape)
-        and (outs[i][1] == dtype or narrower_float(outs[i][1], dtype))
+        and (outs[i][1] == dtype or other_float(outs[i][1], dtype))
         for i, (shape, dtype) in zip(order, program.output_avals)
     )
 

@@ -425,8 +425,9 @@ def region_kernel(
         return f"lowering failed ({type(e).__name__}: {e})"
 
     def ordered(*xs: Any) -> list[Any]:
-        # A µGraph may keep an output wider than the region's (an fp32 residual stream times
-        # fp16 weights: `validate.result_dtype`); `impl` returns it in the region's dtype.
+        # A µGraph may keep an output in another float dtype than the region's (an fp32
+        # residual stream times fp16 weights: `validate.result_dtype`; f16 inputs upcast and
+        # returned as fp32); `impl` returns it in the region's dtype.
         outs = list(impl(*xs))
         return [outs[i] for i in order]
 
@@ -526,7 +527,8 @@ def stored_views(program: Any, backend: str, after: Sequence[Ops] | None = None)
 def region_out_dtypes(program: Any, order: Sequence[int] | None = None) -> dict[int, str]:
     """µGraph output position -> the region's dtype for it (`order[k]`: the µGraph output that
     is region output k, the verdict's output order), so a kernel stores it in that dtype
-    (`lower(out_dtypes=)`) instead of XLA rounding a wider one after it."""
+    (`lower(out_dtypes=)`) instead of XLA converting it after: rounding an fp32 accumulator,
+    or widening a µGraph that keeps its float16 inputs' dtype where the region upcasts."""
     order = list(order) if order else list(range(len(program.output_avals)))
     return {order[k]: str(d) for k, (_, d) in enumerate(program.output_avals)}
 
@@ -543,7 +545,7 @@ def lower_mugraph(
 ) -> Callable[..., Sequence[Any]]:
     """The µGraph as a JAX function for a backend of `backends.BACKENDS` (not "auto"/"xla");
     inputs in `views` arrive as stored, outputs in `out_views` leave as stored, outputs in
-    `out_dtypes` in that dtype where it is narrower (`lower`); inputs in `loads` arrive without
+    `out_dtypes` in that dtype (`lower`); inputs in `loads` arrive without
     those steps, which the kernels apply (`mugraph.load_steps`)."""
     from mirage_jax.lower import lower
 

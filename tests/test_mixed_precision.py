@@ -149,10 +149,82 @@ def test_outputs_come_back_in_the_dtypes_asked_stored_so_by_triton(backend):
     assert stores and all(".to(tl.float16)" in line for line in stores), stores
 
 
-def test_narrowing_covers_bfloat16():
-    """bfloat16 is a float narrower than float32 (numpy calls its kind "V")."""
-    from mirage_jax.lower.kernel_graph import narrower_float
+def test_other_float_covers_bfloat16_and_both_ways():
+    """bfloat16 is a float (numpy calls its kind "V"); a cast goes either way, floats only."""
+    from mirage_jax.lower.kernel_graph import other_float
 
-    assert narrower_float("float32", "bfloat16") and narrower_float("float32", "float16")
-    assert not narrower_float("float16", "float32") and not narrower_float("float16", "bfloat16")
-    assert not narrower_float("int32", "int8") and not narrower_float("float32", "int8")
+    assert other_float("float32", "bfloat16") and other_float("float32", "float16")
+    assert other_float("float16", "float32") and other_float("float16", "bfloat16")
+    assert not other_float("float16", "float16") and not other_float("int32", "int8")
+    assert not other_float("float32", "int8")
+
+
+def _norm_graph():
+    """RMSNorm of float16 rows times a float16 gain: a µGraph that keeps its inputs' dtype
+    where the region it stands for upcasts and returns fp32."""
+    b = BlockGraphBuilder(grid=(4,), forloop_range=1)
+    x = b.input((8, 64), "float16", imap=(0,), forloop_dim=None)
+    gain = b.input((1, 64), "float16", imap=(None,), forloop_dim=None)
+    b.output(b.op("accum_sum", b.op("mul", b.op("rms_norm", x, eps=1e-6), gain)), (0,))
+    mb = MuGraphBuilder()
+    xi, gi = mb.input((8, 64), "float16"), mb.input((1, 64), "float16")
+    (o,) = mb.graph_defined([xi, gi], b.build())
+    return mb.build([o], name="f16 norm")
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton", "reference"])
+def test_outputs_wider_than_the_mugraph_come_back_wide(backend):
+    """`lower(out_dtypes=)` widens too: a float16 µGraph whose region returns fp32 comes back
+    in fp32, and a kernel stores its fp32 values, not float16-rounded ones (before, such a
+    region got no kernel: its lowered µGraph returned float16)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    from mirage_jax.lower import triton as tl_backend
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 64)).astype(np.float16)
+    gain = rng.standard_normal((1, 64)).astype(np.float16)
+    g = _norm_graph()
+    assert [d for _, d in g.output_avals] == ["float16"]
+    h = x.astype(np.float64)
+    want = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + 1e-6) * gain.astype(np.float64)
+    (got,) = lower(g, backend=backend, interpret=True, out_dtypes={0: "float32"})(x, gain)
+    assert str(got.dtype) == "float32"
+    err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
+    rounding = float(np.max(np.abs(want.astype(np.float16).astype(np.float64) - want)))
+    if backend == "reference":  # the evaluator computes in float16; XLA widens its result
+        assert err <= 2 * rounding, (err, rounding)
+    else:
+        assert err < rounding / 20, (err, rounding)
+    if backend == "triton":
+        (p,) = plan(g).values()
+        _, src = tl_backend.kernel_source(p, tl_backend.default_config(), out_dtypes={0: "float32"})
+        stores = [line for line in src.splitlines() if "tl.store(" in line]
+        assert stores and all(".to(tl.float32)" in line for line in stores), stores
+
+
+def test_a_region_that_upcasts_its_float16_inputs_gets_a_kernel(tmp_path):
+    """float16 rows and gain, the norm computed and returned in fp32 (mixed-precision code that
+    keeps its residual stream in fp32): the region runs as a kernel, its output in fp32 with
+    fp32 values (before, the lowered µGraph returned float16 and the region ran as XLA)."""
+    import jax
+    import jax.numpy as jnp
+
+    import mirage_jax
+
+    def norm(x, gain):
+        h = x.astype(jnp.float32)
+        var = jnp.mean(h * h, axis=-1, keepdims=True)
+        return h * jax.lax.rsqrt(var + 1e-6) * gain.astype(jnp.float32)
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, 64)).astype(np.float16)
+    gain = rng.standard_normal((64,)).astype(np.float16)
+    f = mirage_jax.jit(norm, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1)
+    got = f(x, gain)
+    assert [d.status for d in f.last.decisions] == ["kernel"], f.last.decisions
+    assert str(got.dtype) == "float32"
+    want = np.asarray(jax.jit(norm)(x, gain), np.float64)
+    err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
+    rounding = float(np.max(np.abs(want.astype(np.float16).astype(np.float64) - want)))
+    assert err < rounding / 20, (err, rounding)

@@ -139,10 +139,10 @@ def lower(
     the positions in `out_views` are returned as stored: the array whose
     `transpose(out_views[pos])` is the output (or that a `SplitView` reads as it), written so in
     place by a kernel of such a backend that produces it alone (`triton`), else laid out by
-    XLA. Outputs at the positions in `out_dtypes` that are wider floats are returned rounded
-    to that dtype (the region's own: a µGraph may keep an fp32 accumulator as its output),
-    stored so by the kernel that produces it alone where the backend can (`NARROW_STORES`),
-    else rounded by XLA. Inputs at the positions in `known` always have that value (a
+    XLA. Outputs at the positions in `out_dtypes` of another float dtype are returned in that
+    dtype (the region's own: a µGraph may keep an fp32 accumulator as its output, or keep the
+    float16 of its inputs where the region upcasts and returns fp32), stored so by the kernel
+    that produces it alone where the backend can (`CAST_STORES`), else converted by XLA. Inputs at the positions in `known` always have that value (a
     constant of the program, or a `Computed` one XLA makes from constants: a causal mask); a
     kernel of a backend that can (`bounds_refusal`)
     skips the loop steps it masks whole (`masked_steps`). The function must then be called
@@ -165,11 +165,11 @@ def lower(
         raise LoweringError(str(e)) from None
     if b.module is None:  # the µGraph's own evaluator
         plan(mugraph)
-        narrow = dict(out_dtypes or {})
+        cast = dict(out_dtypes or {})
 
         def evaluated(*args: jax.Array) -> tuple[jax.Array, ...]:
             return tuple(
-                _narrow(y, narrow.get(pos)) for pos, y in enumerate(evaluate(mugraph, *args))
+                _as_dtype(y, cast.get(pos)) for pos, y in enumerate(evaluate(mugraph, *args))
             )
 
         return jax.jit(evaluated)
@@ -216,15 +216,15 @@ def lower(
     group = mugraph.one_launch() if hasattr(mod, "build_group") else ()
     out_views = dict(out_views or {})
     written = _written_in_place(mugraph, out_views, plans, group) if in_place else {}
-    narrowed = _narrowed(mugraph, out_dtypes or {}, plans, group, mod)
+    cast_to = _stored_dtypes(mugraph, out_dtypes or {}, plans, group, mod)
     for i, p in plans.items():
         if i in group:
             continue
         extra = {"views": kernel_views[i]} if kernel_views[i] else {}
         if written.get(i):
             extra["out_views"] = written[i]
-        if narrowed.get(i):
-            extra["out_dtypes"] = narrowed[i]
+        if cast_to.get(i):
+            extra["out_dtypes"] = cast_to[i]
         where = f"kernel op {i} (graph_defined)"
         cfg = configs.get(i, config)
         table = _step_bounds(mugraph, i, p, cfg, mod, known or {})
@@ -291,36 +291,37 @@ def lower(
             else write_view(env[r], out_views[pos])
             for pos, r in enumerate(outputs)
         ]
-        return tuple(_narrow(y, (out_dtypes or {}).get(pos)) for pos, y in enumerate(outs))
+        return tuple(_as_dtype(y, (out_dtypes or {}).get(pos)) for pos, y in enumerate(outs))
 
     run.__name__ = f"mugraph_{mugraph.canonical_hash[:12]}_{backend}"
     return jax.jit(run)
 
 
-def narrower_float(have: Any, want: Any) -> bool:
-    """Is `want` a float dtype narrower than the float dtype `have` (bfloat16 included)?"""
+def other_float(have: Any, want: Any) -> bool:
+    """Are `have` and `want` two different float dtypes (bfloat16 included)?"""
     have, want = jnp.dtype(have), jnp.dtype(want)
     floats = jnp.issubdtype(have, jnp.floating) and jnp.issubdtype(want, jnp.floating)
-    return bool(floats and want.itemsize < have.itemsize)
+    return bool(floats and want != have)
 
 
-def _narrow(x: jax.Array, dtype: str | None) -> jax.Array:
-    """x rounded to float `dtype` where that is narrower than its own float dtype."""
-    return x.astype(dtype) if dtype is not None and narrower_float(x.dtype, dtype) else x
+def _as_dtype(x: jax.Array, dtype: str | None) -> jax.Array:
+    """x converted to float `dtype` where that is another float dtype than its own."""
+    return x.astype(dtype) if dtype is not None and other_float(x.dtype, dtype) else x
 
 
-def _narrowed(
+def _stored_dtypes(
     mugraph: MuGraph, out_dtypes: Mapping[int, str], plans: Mapping[int, Any], group, mod: Any
 ) -> dict[int, dict[int, str]]:
-    """kernel op id -> {its output j: dtype} for the µGraph outputs in `out_dtypes` narrower
-    than the kernel's own that a kernel launched alone produces, nothing else in the µGraph
-    reads, and the backend stores narrowed itself (`NARROW_STORES`)."""
-    if not getattr(mod, "NARROW_STORES", False):
+    """kernel op id -> {its output j: dtype} for the µGraph outputs in `out_dtypes` of another
+    float dtype than the kernel's own that a kernel launched alone produces, nothing else in
+    the µGraph reads, and the backend stores in any float dtype itself (`CAST_STORES`): the
+    kernel computes in fp32, so a wider store keeps what a narrower one would round."""
+    if not getattr(mod, "CAST_STORES", False):
         return {}
     shapes = mugraph.shapes
     out: dict[int, dict[int, str]] = {}
     for pos, (i, j) in _sole_outputs(mugraph, out_dtypes, plans, group):
-        if narrower_float(shapes[(i, j)][1], out_dtypes[pos]):
+        if other_float(shapes[(i, j)][1], out_dtypes[pos]):
             out.setdefault(i, {})[j] = str(jnp.dtype(out_dtypes[pos]))
     return out
 
@@ -365,7 +366,7 @@ def _sole_outputs(
 ) -> list[tuple[int, tuple[int, int]]]:
     """(position, (kernel op id, output j)) for the µGraph outputs at `positions` that a kernel
     launched alone produces, that are that output once, and that nothing in the µGraph reads:
-    the kernel may store them as it likes (permuted, narrowed)."""
+    the kernel may store them as it likes (permuted, in another dtype)."""
     read = {a for op in mugraph.ops for a in op.args}
     out = []
     for pos in positions:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -504,10 +504,20 @@ VIEWS = False
 """Inputs stored transposed are transposed by XLA before the call (`kernel_graph.lower`)."""
 
 
+CAST_STORES = True
+"""`build_kernel(out_dtypes=)`: a kernel stores an output in another float dtype itself."""
+
+
 def build_kernel(
-    plan: KernelPlan, config: PallasConfig, *, interpret: bool, where: str
+    plan: KernelPlan,
+    config: PallasConfig,
+    *,
+    interpret: bool,
+    where: str,
+    out_dtypes: Mapping[int, str] | None = None,
 ) -> Callable[..., list[jax.Array]]:
-    """The pallas_call for one planned graph-defined kernel (a function of its arguments)."""
+    """The pallas_call for one planned graph-defined kernel (a function of its arguments);
+    output j in `out_dtypes` is stored in that dtype."""
     if not isinstance(config, PallasConfig):
         raise LoweringError(f"{where}: the pallas backend takes a PallasConfig, got {config!r}")
     check_rules(plan, where)
@@ -518,11 +528,11 @@ def build_kernel(
         stages = plan.stages(config.num_stages)
     except LoweringError as e:
         raise LoweringError(f"{where}: {e}") from None
-    out_dtypes = [plan.dtype(o.arg) for o in plan.bg.outputs]
+    stored = [(out_dtypes or {}).get(j) or plan.dtype(o.arg) for j, o in enumerate(plan.bg.outputs)]
     drop = squeezed(plan)
     call = pl.pallas_call(
         functools.partial(_kernel, plan=plan, config=config, drop=drop),
-        out_shape=[jax.ShapeDtypeStruct(s, dt) for s, dt in zip(plan.output_shapes, out_dtypes)],
+        out_shape=[jax.ShapeDtypeStruct(s, dt) for s, dt in zip(plan.output_shapes, stored)],
         grid=plan.grid,
         in_specs=[_block_spec(dims, n_axes, drop) for dims in plan.inputs],
         out_specs=[_block_spec(dims, n_axes, drop) for dims in plan.outputs],

@@ -224,7 +224,7 @@ def kernel_name(
     mask: int | None = None,
 ) -> str:
     """The name of a plan's kernel: the hash of the block graph + config (+ the inputs read
-    and the outputs written as permuted views, + narrowed outputs, + a table of loop steps)."""
+    and the outputs written as permuted views, + outputs stored in another dtype, + a table of loop steps)."""
     views, out_views, out_dtypes = views or {}, out_views or {}, out_dtypes or {}
     key = (plan.bg, plan.pads, config, tuple(sorted(views.items())))
     if mask is not None:
@@ -261,8 +261,8 @@ def check_rules(plan: KernelPlan, where: str) -> None:
 VIEWS = True
 """This backend reads inputs stored permuted in place (`build_kernel(views=...)`)."""
 
-NARROW_STORES = True
-"""`build_kernel(out_dtypes=)`: a kernel stores an output in a narrower float dtype itself."""
+CAST_STORES = True
+"""`build_kernel(out_dtypes=)`: a kernel stores an output in another float dtype itself."""
 
 SPLIT_REFUSAL = split_refusal
 """`lower` splits the loop of a kernel launched alone (`TritonConfig.loop_split`) where this
