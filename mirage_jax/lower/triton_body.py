@@ -114,7 +114,7 @@ def body(
     for t in accs:
         emit(f"{ind}{p}acc{t} = {registry.rule(BACKEND, plan.op(t).op).init(ctx_of(t))}")
     if part is not None and part.mode == "finish":
-        sum_partials(plan, accs, emit, p, part, ind)
+        sum_partials(plan, accs, emit, p, part, ind, ctx_of)
         _epilogue(
             plan, drop, accs, emit, p, pids, ind, out_views, out_dtypes, is_f32, ctx_of, compute
         )
@@ -274,7 +274,7 @@ def body(
         for t in hoisted:
             emit(f"{ind}    {p}acc{t} = {updated(t)}  # {plan.op(t).op}")
     if part is not None:  # "partial": the raw accumulators, for the finishing launch
-        store_partials(plan, accs, emit, p, part, ind)
+        store_partials(plan, accs, emit, p, part, ind, ctx_of)
         return
     _epilogue(plan, drop, accs, emit, p, pids, ind, out_views, out_dtypes, is_f32, ctx_of, compute)
 

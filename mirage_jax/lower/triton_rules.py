@@ -7,6 +7,7 @@ tiles and dtypes). The generator that strings them into kernels is `triton.py`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -292,6 +293,44 @@ def _sum_last(c: OpCtx, expr: str) -> str:
     return f"tl.sum({c.masked(expr, 0, (-1,), '0.0')}, axis={len(c.pad) - 1}, keep_dims=True)"
 
 
+LANE_ELEMENTS = 4096
+"""A sum over the loop and the last dim whose input tile has at most this many (padded)
+elements keeps the tile's lanes across the loop and sums them once after it (`lanes`)."""
+
+
+LANE_SUMS = frozenset({"accum_sum_last", "accum_mean_last", "accum_rms_last"})
+"""The accumulators `lanes` applies to."""
+
+
+def lanes(c: OpCtx) -> bool:
+    """Does this accumulator over the loop and the last dim add its input tile lane by lane in
+    the loop, and sum the lanes after it? A `tl.sum` each step is a block-wide reduction and a
+    barrier: a combining kernel's rms of a 4096-wide row over 16 steps took 6.0 µs where the
+    plain sum of the same partials took 1.1 (H200, 2026-11-28, `gemv_tilings --norm`)."""
+    return (
+        c.plan.op(c.t).op in LANE_SUMS
+        and c.plan.forloop_range > 1
+        and math.prod(c.plan.pads[c.args[0]]) <= LANE_ELEMENTS
+    )
+
+
+def lane_total(c: OpCtx, s: str) -> str:
+    """The accumulator `s` summed over its lanes (`lanes`): the op's own tile."""
+    return f"tl.sum({s}, axis={len(c.pad) - 1}, keep_dims=True)" if lanes(c) else s
+
+
+def _last_init(c: OpCtx) -> str:
+    if lanes(c):
+        return f"tl.zeros({_shape(c.plan.pads[c.args[0]])}, dtype=tl.float32)"
+    return _zeros(c)
+
+
+def _last_add(c: OpCtx, s: str, expr: str) -> str:
+    if lanes(c):
+        return f"{s} + {c.masked(expr, 0, (-1,), '0.0')}"
+    return f"{s} + {_sum_last(c, expr)}"
+
+
 def _count(c: OpCtx) -> str:
     return repr(float(c.plan.forloop_range * c.arg_tile(0)[-1]))
 
@@ -313,24 +352,24 @@ registry.add(BACKEND, "accum_sum", AccumRule(_zeros, lambda c, s, x: f"{s} + {c.
 registry.add(
     BACKEND,
     "accum_sum_last",
-    AccumRule(_zeros, lambda c, s, x: f"{s} + {_sum_last(c, c.f32(x, 0))}", _same),
+    AccumRule(_last_init, lambda c, s, x: _last_add(c, s, c.f32(x, 0)), lane_total),
 )
 registry.add(
     BACKEND,
     "accum_mean_last",
     AccumRule(
-        _zeros,
-        lambda c, s, x: f"{s} + {_sum_last(c, c.f32(x, 0))}",
-        lambda c, s: f"{s} / {_count(c)}",
+        _last_init,
+        lambda c, s, x: _last_add(c, s, c.f32(x, 0)),
+        lambda c, s: f"{lane_total(c, s)} / {_count(c)}",
     ),
 )
 registry.add(
     BACKEND,
     "accum_rms_last",
     AccumRule(
-        _zeros,
-        lambda c, s, x: f"{s} + {_sum_last(c, _sq(c, x))}",
-        lambda c, s: f"tl.sqrt({s} / {_count(c)} + {c.eps})",
+        _last_init,
+        lambda c, s, x: _last_add(c, s, _sq(c, x)),
+        lambda c, s: f"tl.sqrt({lane_total(c, s)} / {_count(c)} + {c.eps})",
     ),
 )
 # a loop-invariant tile (loaded before the loop): every iteration's value is the one kept

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from mirage_jax.lower.plan import KernelPlan
-from mirage_jax.lower.triton_rules import lane
+from mirage_jax.lower.triton_rules import lane, lane_total, lanes
 
 ADDITIVE = frozenset(
     {"accum_sum", "accum_sum_last", "accum_mean_last", "accum_rms_last", "accum_sum_todimx"}
@@ -97,19 +97,20 @@ def _offsets(pads: tuple[int, ...]) -> str:
 
 def store_partials(
     plan: KernelPlan, accs: Sequence[int], emit: Callable[[str], Any], p: str, part: LoopPart,
-    ind: str,
+    ind: str, ctx_of: Callable[[int], Any],
 ) -> None:  # fmt: skip
     """Emit the partial launch's stores: each raw accumulator in its row of `part{j}`."""
     emit(f"{ind}# the raw accumulators of this part of the loop, for the finishing launch")
     row = f"({part.block}) * {part.splits} + {part.split}"
     for j, t in enumerate(accs):
         size = math.prod(plan.pads[t])
-        emit(f"{ind}tl.store({p}part{j} + ({row}) * {size} + {_offsets(plan.pads[t])}, {p}acc{t})")
+        raw = lane_total(ctx_of(t), f"{p}acc{t}")  # an accumulator kept in lanes: their sum
+        emit(f"{ind}tl.store({p}part{j} + ({row}) * {size} + {_offsets(plan.pads[t])}, {raw})")
 
 
 def sum_partials(
     plan: KernelPlan, accs: Sequence[int], emit: Callable[[str], Any], p: str, part: LoopPart,
-    ind: str,
+    ind: str, ctx_of: Callable[[int], Any],
 ) -> None:  # fmt: skip
     """Emit the finishing launch's accumulators: the sum of their S partials (a kept value:
     the first part's)."""
@@ -121,5 +122,7 @@ def sum_partials(
         if plan.op(t).op in KEPT:
             emit(f"{ind}{p}acc{t} = tl.load({at.format(s=0)})  # {plan.op(t).op}: part 0's")
             continue
+        if lanes(ctx_of(t)):  # the parts stored their lanes' sums: the op's own tile
+            emit(f"{ind}{p}acc{t} = tl.zeros({tuple(plan.pads[t])!r}, dtype=tl.float32)")
         emit(f"{ind}for {p}s in tl.static_range({S}):")
         emit(f"{ind}    {p}acc{t} = {p}acc{t} + tl.load({at.format(s=p + 's')})")

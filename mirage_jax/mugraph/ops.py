@@ -378,7 +378,8 @@ def _mean_last_offer(f: Facts) -> list[tuple]:
 
 
 def _rms_last_offer(f: Facts) -> list[tuple]:
-    return norm_params(f) if not f.combine and f.has("sqrt", "square") else []
+    # in a combining kernel too: the rms of a row it reads again (`tasks._combine`'s reread)
+    return norm_params(f) if f.has("sqrt", "square") else []
 
 
 def _sub_offer(f: Facts) -> list[tuple]:

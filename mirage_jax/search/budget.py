@@ -28,6 +28,10 @@ class Budget:
         trials: field trials per verification.
         numbers_per_structure: full-size instances kept per structure.
         split: try split-K (a reduction split across the grid, then a combining kernel).
+        reread: a combining kernel may read again the small inputs its split kernel read (the
+            row of a norm + projection, for the rms: `tasks._rereadable`). Off by default: on
+            the H200 (2026-11-28) no decode block ran faster with these µGraphs (the one-launch
+            loop forms beat them in the function), and they lengthen the search.
         cuts: when nothing is found in one piece, cut the region at matmul prologues and search
             the pieces (`cuts.py`); cut_share: the part of `time_s` kept for that.
         max_predefined: pre-defined kernel ops (GEMMs and their epilogues, left to XLA) before
@@ -51,6 +55,7 @@ class Budget:
     trials: int = 2
     numbers_per_structure: int = 4
     split: bool = True
+    reread: bool = False
     cuts: bool = True
     cut_share: float = 0.5
     max_predefined: int = 2

@@ -74,6 +74,7 @@ class Problem:
     seed: int
     max_outputs: int
     shrunk: bool
+    reread: bool = False
 
     def __getstate__(self):
         return _export_inputs(self.__dict__)
@@ -203,6 +204,7 @@ def prepare(program: Program, *, seed: int, budget: Any) -> Problem:
         trials=budget.trials,
         seed=seed,
         max_outputs=budget.max_outputs,
+        reread=budget.reread,
         shrunk=shrunk,
     )
 
@@ -328,13 +330,16 @@ def run_task(
         passed: list[frozenset] = []  # grids that verified: their subsets need no test
         used, ops, outs = _used_inputs(len(inputs), closed)
         left = tuple(inputs[i] for i in range(len(inputs)) if i not in used)
+        reread = ()
+        if m.split and problem.reread:
+            reread = _rereadable(problem, m, [inputs[i] for i in used])
         for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
             omaps = [omap_of(mm, closed.tensors[t].labels) for t, _ in closed.outputs]
             if any(o is None for o in omaps):
                 continue
             if m.split and tuple(omaps) not in by_omaps:
                 by_omaps[tuple(omaps)] = list(
-                    _combine(problem, mm, closed, omaps, out, stop, base, left)
+                    _combine(problem, mm, closed, omaps, out, stop, base, left, reread)
                 )
             combines = by_omaps[tuple(omaps)] if m.split else [None]
             spec = KernelSpec(
@@ -405,6 +410,28 @@ def _used_inputs(n_in: int, closed) -> tuple[list[int], tuple, tuple]:
     return used, ops, tuple((ref(t), o) for t, o in closed.outputs)
 
 
+REREAD_SHARE = 8
+"""A split kernel's input its combining kernel may read again is at most this fraction of the
+largest input the split kernel reads (a row against a weight, `_rereadable`)."""
+
+
+def _rereadable(problem: Problem, m: MappingClass, used: Sequence[KTensor]) -> tuple:
+    """The region inputs a split-K kernel of mapping `m` reads that carry the split dimension
+    and are small beside its largest (at most 1/`REREAD_SHARE`): the combining kernel may read
+    them again, along its loop over the split (`Budget.reread`). A norm's statistic needs the
+    whole row, so a norm + projection splits only if its combining kernel takes the rms."""
+    split = next(iter(m.split))
+
+    def size(t: KTensor) -> int:
+        return math.prod(problem.sizes[c] for c in t.labels if isinstance(c, int))
+
+    inputs = [t for t in used if t.ref[0] == "in"]
+    if not inputs:
+        return ()
+    largest = max(size(t) for t in inputs)
+    return tuple(t for t in inputs if split in t.labels and size(t) * REREAD_SHARE <= largest)
+
+
 def _combine(
     problem: Problem,
     m: MappingClass,
@@ -414,11 +441,14 @@ def _combine(
     stop,
     base: int = 0,
     left: Sequence[KTensor] = (),
+    reread: Sequence[KTensor] = (),
 ):
     """Combining kernels for the partial results of a split-K kernel of grid `m` whose
     outputs concatenate along `omaps` (the partial results stack along the last axis no other
-    grid axis splits: `structure.omap_of`), and the inputs `left` the split kernel did not read
-    (a residual, a bias: the combining kernel adds them).
+    grid axis splits: `structure.omap_of`), the inputs `left` the split kernel did not read
+    (a residual, a bias: the combining kernel adds them), and the small inputs `reread` it read
+    that the combining kernel may read again along the split (`_rereadable`: the row of a
+    norm + projection, whose rms the combining kernel takes while it sums the partials).
 
     Grid: every output dimension that every partial result has as a plain axis. Either no loop
     (the stacked partial sums are reduced by `accum_sum_todimx`/`accum_sum_last`) or a loop
@@ -433,8 +463,9 @@ def _combine(
         by = None if bt.rescaled is None else index.get(bt.rescaled)
         partials.append(output_tensor(bt, m, ("k", base, j), omap, by))
     partials = tuple(partials)
-    ins = (*partials, *left)
-    epilogue = frozenset(range(len(partials), len(ins)))
+    ins = (*partials, *reread, *left)
+    epilogue = frozenset(range(len(partials) + len(reread), len(ins)))
+    optional = frozenset(range(len(partials), len(partials) + len(reread)))  # may stay unread
     parallel = [c for c in parallel_dims(problem) if all(c in t.labels for t in partials)]
     base = grid_expansions(MappingClass((), None), parallel, problem.sizes, problem.small)[0]
     split = next(iter(m.split))
@@ -447,9 +478,9 @@ def _combine(
         rep_grid, rep_loop = representative(cm, problem.small)
         en = BlockEnumerator(
             ins, cm, problem.small, rep_grid, rep_loop, problem.combine_vocab,
-            problem.targets, goal, out.counters, stop, epilogue,
+            problem.targets, goal, out.counters, stop, epilogue, optional,
         )  # fmt: skip
-        for c in en.run(4 + len(left)):
+        for c in en.run(4 + len(left) + len(reread)):
             yield KernelSpec(
                 tuple(t.ref for t in ins), cm, c.ops, c.outputs,
                 input_labels=tuple(t.labels for t in ins),

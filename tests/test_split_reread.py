@@ -1,0 +1,74 @@
+"""A norm + projection split over K, its combining kernel taking the rms (`Budget.reread`).
+
+The norm's statistic needs the whole row, so a split-K kernel of a norm + projection closes
+only if its combining kernel reads the row again (`tasks._rereadable`). Off by default (no
+decode block ran faster with it on the H200, 2026-11-28); `experiments.gemv_tilings --norm`
+times these µGraphs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lax_ir
+from mirage_jax.lower import lower
+from mirage_jax.search import Budget, search
+from mirage_jax.select import random_inputs
+
+K, N = 256, 64
+
+
+def normed_gemv(x, w, g):
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6)
+    return (h.astype(jnp.float16) * g) @ w
+
+
+@functools.cache
+def _program():
+    S = jax.ShapeDtypeStruct
+    specs = [S((1, K), jnp.float16), S((K, N), jnp.float16), S((1, K), jnp.float16)]
+    (region,) = lax_ir.partition(lax_ir.capture(normed_gemv, *specs)).regions
+    return region.program
+
+
+def _budget(reread: bool) -> Budget:
+    return Budget(time_s=60, results=16, cuts=False, max_predefined=0, reread=reread)
+
+
+def _rereading(g) -> bool:
+    """Is `g` a split kernel and a combining kernel that takes the row's rms?"""
+    kernels = [op.block_graph for _, op in g.graph_defined()]
+    return len(kernels) == 2 and "accum_rms_last" in [b.op for b in kernels[1].ops]
+
+
+@functools.cache
+def _searched(reread: bool):
+    return search(_program(), budget=_budget(reread), seed=0, workers=1, progress=False)
+
+
+def test_the_default_search_has_no_combining_rms():
+    res = _searched(False)
+    assert res.mugraphs and not any(_rereading(g) for g in res.mugraphs)
+
+
+@pytest.mark.parametrize("backend", ["pallas-interpret", "triton"])
+def test_reread_finds_the_split_norm_and_it_computes_the_region(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    res = _searched(True)
+    split = [g for g in res.mugraphs if _rereading(g)]
+    assert split, [g.meta.get("structure") for g in res.mugraphs]
+    program = _program()
+    xs = random_inputs(program, 0)
+    (want,) = lax_ir.evaluate_reference(program, *xs)
+    interpret = {"interpret": True} if backend == "triton" else {}
+    (got,) = lower(split[0], backend=backend, **interpret)(*xs)
+    want = np.asarray(want, np.float64)
+    err = np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want))
+    assert err < 2e-2, err
