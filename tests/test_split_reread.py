@@ -16,17 +16,12 @@ import numpy as np
 import pytest
 
 import lax_ir
+from experiments.gemv_tilings import normed_gemv
 from mirage_jax.lower import lower
 from mirage_jax.search import Budget, search
 from mirage_jax.select import random_inputs
 
 K, N = 256, 64
-
-
-def normed_gemv(x, w, g):
-    h = x.astype(jnp.float32)
-    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6)
-    return (h.astype(jnp.float16) * g) @ w
 
 
 @functools.cache
