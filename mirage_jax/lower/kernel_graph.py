@@ -142,11 +142,11 @@ def lower(
     XLA. Outputs at the positions in `out_dtypes` of another float dtype are returned in that
     dtype (the region's own: a µGraph may keep an fp32 accumulator as its output, or keep the
     float16 of its inputs where the region upcasts and returns fp32), stored so by the kernel
-    that produces it alone where the backend can (`CAST_STORES`), else converted by XLA. Inputs at the positions in `known` always have that value (a
-    constant of the program, or a `Computed` one XLA makes from constants: a causal mask); a
-    kernel of a backend that can (`bounds_refusal`)
-    skips the loop steps it masks whole (`masked_steps`). The function must then be called
-    with those values.
+    that produces it alone where the backend can (`CAST_STORES`), else converted by XLA.
+    Inputs at the positions in `known` always have that value (a constant of the program, or a
+    `Computed` one XLA makes from constants: a causal mask); a kernel of a backend that can
+    (`bounds_refusal`) skips the loop steps it masks whole (`masked_steps`). The function must
+    then be called with those values.
 
     Arguments:
         mugraph: the µGraph (validated first).

@@ -224,7 +224,8 @@ def kernel_name(
     mask: int | None = None,
 ) -> str:
     """The name of a plan's kernel: the hash of the block graph + config (+ the inputs read
-    and the outputs written as permuted views, + outputs stored in another dtype, + a table of loop steps)."""
+    and the outputs written as permuted views, + outputs stored in another dtype, + a table of
+    loop steps)."""
     views, out_views, out_dtypes = views or {}, out_views or {}, out_dtypes or {}
     key = (plan.bg, plan.pads, config, tuple(sorted(views.items())))
     if mask is not None:
