@@ -203,10 +203,12 @@ def test_outputs_wider_than_the_mugraph_come_back_wide(backend):
         assert stores and all(".to(tl.float32)" in line for line in stores), stores
 
 
-def test_a_region_that_upcasts_its_float16_inputs_gets_a_kernel(tmp_path):
-    """float16 rows and gain, the norm computed and returned in fp32 (mixed-precision code that
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_region_that_upcasts_its_16_bit_inputs_gets_a_kernel(tmp_path, dtype):
+    """16-bit rows and gain, the norm computed and returned in fp32 (mixed-precision code that
     keeps its residual stream in fp32): the region runs as a kernel, its output in fp32 with
-    fp32 values (before, the lowered µGraph returned float16 and the region ran as XLA)."""
+    fp32 values (before, the lowered µGraph returned the 16-bit dtype and the region ran as
+    XLA)."""
     import jax
     import jax.numpy as jnp
 
@@ -218,13 +220,14 @@ def test_a_region_that_upcasts_its_float16_inputs_gets_a_kernel(tmp_path):
         return h * jax.lax.rsqrt(var + 1e-6) * gain.astype(jnp.float32)
 
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((8, 64)).astype(np.float16)
-    gain = rng.standard_normal((64,)).astype(np.float16)
+    x = jnp.asarray(rng.standard_normal((8, 64)), dtype)
+    gain = jnp.asarray(rng.standard_normal((64,)), dtype)
     f = mirage_jax.jit(norm, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1)
     got = f(x, gain)
     assert [d.status for d in f.last.decisions] == ["kernel"], f.last.decisions
     assert str(got.dtype) == "float32"
     want = np.asarray(jax.jit(norm)(x, gain), np.float64)
     err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
-    rounding = float(np.max(np.abs(want.astype(np.float16).astype(np.float64) - want)))
+    rounded = np.asarray(jnp.asarray(want, jnp.float32).astype(dtype), np.float64)
+    rounding = float(np.max(np.abs(rounded - want)))
     assert err < rounding / 20, (err, rounding)
