@@ -70,9 +70,9 @@ def kernel_warps(mugraph: MuGraph, plans: Mapping[int, Any]) -> dict[int, int]:
             f"{len(order)} graph-defined ones; select it again (clear its cache entry)"
         )
     out = {i: int(w) for i, w in zip(order, warps)}
-    group = mugraph.one_launch()
-    for i in group:
-        out[i] = out[group[0]]
+    for lv in mugraph.launch_levels():
+        for i in lv:
+            out[i] = out[lv[0]]
     return out
 
 
@@ -213,7 +213,10 @@ def lower(
         for i in plans
     }
     kernels = {}
-    group = mugraph.one_launch() if hasattr(mod, "build_group") else ()
+    # the kernels launched as one: each dependency level of two or more (`launch_levels`)
+    levels = mugraph.launch_levels() if hasattr(mod, "build_group") else ()
+    groups = [lv for lv in levels if len(lv) > 1]
+    group = frozenset(i for lv in groups for i in lv)
     out_views = dict(out_views or {})
     written = _written_in_place(mugraph, out_views, plans, group) if in_place else {}
     cast_to = _stored_dtypes(mugraph, out_dtypes or {}, plans, group, mod)
@@ -231,15 +234,18 @@ def lower(
         if table is not None:
             extra["steps"] = table
         kernels[i] = mod.build_kernel(p, cfg, interpret=interpret, where=where, **extra)
-    launch = None  # the kernels of `group`, launched as one (`MuGraph.one_launch`)
-    if group:
-        where = f"kernel ops {list(group)} (graph_defined, one launch)"
-        launch = mod.build_group(
-            [plans[i] for i in group], _group_config(group, plans, configs, config, split, refusal),
+    launches = {}  # first kernel of a level -> the level's kernels launched as one
+    for lv in groups:
+        where = f"kernel ops {list(lv)} (graph_defined, one launch)"
+        launches[lv[0]] = mod.build_group(
+            [plans[i] for i in lv], _group_config(lv, plans, configs, config, split, refusal),
             interpret=interpret,
             where=where,
-            views=[kernel_views[i] for i in group],
+            views=[kernel_views[i] for i in lv],
         )  # fmt: skip
+    # kernels level by level where levels launch together (a level's kernels read only what
+    # lower levels made), else in op order
+    order = [i for lv in levels for i in lv] or [i for i, op in enumerate(mugraph.ops)]
     shapes = mugraph.shapes
     ops = mugraph.ops
     inputs = mugraph.inputs
@@ -263,17 +269,19 @@ def lower(
                 stored[(i, 0)] = x
                 x = read_view(x, views[pos])  # for readers that cannot read it in place
             env[(i, 0)] = x
-        for i, op in enumerate(ops):
-            if op.op == "input" or (i in group and i != group[0]):
+        for i in order:
+            op = ops[i]
+            if op.op == "input" or (i in group and i not in launches):
                 continue
-            if launch is not None and i == group[0]:  # reads only inputs: all ready here
+            if i in launches:  # its level's kernels, launched as one: their args are ready
+                lv = next(lv for lv in groups if lv[0] == i)
                 args_of = [
                     stored[a] if k in kernel_views[g] else env[a]
-                    for g in group
+                    for g in lv
                     for k, a in enumerate(ops[g].args)
                 ]
-                ys = iter(launch(*args_of))
-                for g in group:
+                ys = iter(launches[i](*args_of))
+                for g in lv:
                     for j in range(len(ops[g].block_graph.outputs)):
                         env[(g, j)] = next(ys)
                 continue
@@ -350,7 +358,7 @@ def _step_bounds(
 
 
 def _written_in_place(
-    mugraph: MuGraph, out_views: Views, plans: Mapping[int, Any], group: Sequence[int]
+    mugraph: MuGraph, out_views: Views, plans: Mapping[int, Any], group: Collection[int]
 ) -> dict[int, dict[int, View]]:
     """kernel op id -> {its output j: view} for the µGraph outputs in `out_views` that a kernel
     launched alone produces and nothing else in the µGraph reads."""
@@ -362,7 +370,7 @@ def _written_in_place(
 
 
 def _sole_outputs(
-    mugraph: MuGraph, positions: Collection[int], plans: Mapping[int, Any], group: Sequence[int]
+    mugraph: MuGraph, positions: Collection[int], plans: Mapping[int, Any], group: Collection[int]
 ) -> list[tuple[int, tuple[int, int]]]:
     """(position, (kernel op id, output j)) for the µGraph outputs at `positions` that a kernel
     launched alone produces, that are that output once, and that nothing in the µGraph reads:

@@ -236,10 +236,12 @@ class KernelOp:
 
 
 ONE_LAUNCH = "one_launch"
-"""µGraph meta key (True): its graph-defined kernels, all independent, run as one launch whose
-grid is theirs one after another (the triton backend; others launch them one by one). The
-meaning is unchanged, only the launch: a decode norm before Q, K and V projections of different
-widths gets each projection its own tiling in one kernel (`MuGraph.one_launch`)."""
+"""µGraph meta key (True): its graph-defined kernels run one launch per dependency level, the
+kernels of a level launched as one whose grid is theirs one after another (the triton backend;
+others launch them one by one). The meaning is unchanged, only the launch: a decode norm
+before Q, K and V projections of different widths gets each projection its own tiling in one
+kernel (`MuGraph.one_launch`: all independent, one level); three split projections and their
+combining kernels run as two launches (`MuGraph.launch_levels`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -365,6 +367,32 @@ class MuGraph:
         """The graph-defined kernels launched as one: `independent_kernels` where the meta has
         `ONE_LAUNCH`, else ()."""
         return self.independent_kernels() if self.meta.get(ONE_LAUNCH) else ()
+
+    def dependency_levels(self) -> tuple[tuple[int, ...], ...]:
+        """The graph-defined kernels by dependency level (a kernel's level is one more than the
+        highest of the kernels it reads; inputs are below every level), in op order within a
+        level, where the µGraph has only graph-defined kernel ops; else ()."""
+        if any(op.op not in ("input", "graph_defined") for op in self.ops):
+            return ()
+        level: dict[int, int] = {}
+        for i, op in enumerate(self.ops):
+            if op.op == "graph_defined":
+                level[i] = 1 + max((level.get(a[0], -1) for a in op.args), default=-1)
+        if not level:
+            return ()
+        return tuple(
+            tuple(i for i in level if level[i] == n) for n in range(max(level.values()) + 1)
+        )
+
+    def launch_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The `launch_levels` of two or more kernels: those launched together."""
+        return tuple(lv for lv in self.launch_levels() if len(lv) > 1)
+
+    def launch_levels(self) -> tuple[tuple[int, ...], ...]:
+        """The launches of a µGraph whose meta has `ONE_LAUNCH`: its `dependency_levels`, each
+        launched as one (a level of one kernel is that kernel's launch); () without the key,
+        or where a kernel op is not graph-defined."""
+        return self.dependency_levels() if self.meta.get(ONE_LAUNCH) else ()
 
     def interpret(self, inputs: Sequence[Any], algebra: Any) -> list[Any]:
         """Evaluate over an Algebra (the interface µGraphs share with lax_ir Programs)."""

@@ -219,8 +219,7 @@ def estimate(
         total_b += b
         total_f += f
         blocks_list.append(n_blocks)
-    grouped = g.one_launch()  # one launch for these kernels: their other launches saved
-    if grouped:
+    for grouped in g.launch_groups():  # one launch for these kernels: their others saved
         total_s -= device.launch_s * (len(grouped) - 1)
         kernels -= len(grouped) - 1
     return Cost(total_s, total_b, total_f, kernels, tuple(blocks_list))

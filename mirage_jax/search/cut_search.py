@@ -29,14 +29,15 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             stats["stopped"] = "time"
             break
         stats["sets_tried"] += 1
-        parts, loop_free = {}, {}
+        parts, loop_free, split = {}, {}, {}
         for out in [*sorted(cs), *program.outputs]:
             sub, sources = cut_mod.piece(program, out, cs)
             key = sub.canonical_hash
             if key not in memo:
                 left = max(1.0, deadline - time.monotonic())
                 sub_budget = dataclasses.replace(
-                    budget, time_s=min(left, budget.time_s / 4), cuts=False, results=2, confirm=1,
+                    budget, time_s=min(left, budget.time_s / 4), cuts=False, confirm=1,
+                    results=4 if budget.reread else 2,
                     max_kernels=max(1, budget.max_kernels - len(cs)),
                 )  # fmt: skip
                 stats["pieces_searched"] += 1
@@ -50,6 +51,7 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
                 break
             parts[out] = (r.best, sources)
             loop_free[out] = (next((m for m in r.mugraphs if _loop_free(m)), r.best), sources)
+            split[out] = (next((m for m in r.mugraphs if _split_pair(m)), r.best), sources)
         else:
             got = _stitched(program, cs, parts, budget, seed, stats)
             if got is None:
@@ -63,8 +65,36 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
             found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
             found += _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats)
+            if budget.reread:
+                found += _split_levels(program, cs, parts, split, budget, seed, device, stats)
             break  # the first working cut set (smallest, nearest the inputs) is kept
     return found, stats
+
+
+def _split_pair(g: MuGraph) -> bool:
+    """Is `g` a split-K kernel and its combining kernel (two graph-defined kernels, the second
+    reading the first)?"""
+    ks = g.graph_defined()
+    return len(ks) == 2 and any(a[0] == ks[0][0] for a in ks[1][1].args)
+
+
+def _split_levels(program, cs, parts, split, budget, seed, device, stats) -> list:
+    """With `Budget.reread`: the pieces' best split-K µGraphs stitched (a piece without one
+    keeps its best), launched one dependency level at a time (`MuGraph.launch_levels`: the
+    split kernels as one launch, their combining kernels as another), where that differs from
+    the stitch of their best ones."""
+    if all(split[o][0] is parts[o][0] for o in parts):
+        return []
+    got = _stitched(program, cs, split, budget, seed, stats)
+    if got is None:
+        return []
+    g, v = got
+    stats["stitched"] += 1
+    desc = "one launch per level, split: " + _structures(program, cs, split)
+    one = MuGraph(g.ops, g.outputs, {ONE_LAUNCH: True})
+    if not one.launch_groups():
+        return []
+    return [_one_launch(g, _stitched_meta(program, cs, v), desc, device)]
 
 
 def _loop_free(g: MuGraph) -> bool:

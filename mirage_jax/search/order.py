@@ -83,7 +83,7 @@ def signature(g: MuGraph) -> tuple:
         for op in g.ops
         if op.op != "input"
     )
-    return (g.one_launch(), *kernels)
+    return (g.launch_groups(), *kernels)
 
 
 def plan(g: MuGraph) -> tuple[str, ...]:
