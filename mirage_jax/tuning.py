@@ -397,24 +397,36 @@ def split_depth_variants(g: MuGraph) -> list[tuple[str, MuGraph]]:
 
     out = []
     seen = set()
+    every: dict[int, dict] = {0: {}, 1: {}}  # each split deepened at once, per option
     for i, pairs in _combines(g).items():
         if len({a for a, _ in pairs}) != 1 or len({x for _, x in pairs}) != 1:
             continue  # one producer split along one axis
         (a, axis), combine = pairs[0], g.ops[i].block_graph
         bg = g.ops[a].block_graph
         S, F = bg.grid[axis], bg.forloop_range
-        for parts, steps in ((S * F, 1), (2 * S, max(1, F // 2))):
+        for option, (parts, steps) in enumerate(((S * F, 1), (2 * S, max(1, F // 2)))):
             m = parts // S
             grid = tuple(parts if x == axis else n for x, n in enumerate(bg.grid))
             loop = combine.forloop_range * m
-            if m < 2 or (parts, steps) in seen or loop > FLAT_MAX_STEPS:
+            if m < 2 or loop > FLAT_MAX_STEPS:
                 continue
             if math.prod(grid) > SPLIT_BLOCKS_PER_SM * sm_count():
                 continue
+            numbers = {a: (grid, steps), i: (_combine_grid(g, i), loop)}
+            every[option].update(numbers)
+            if (parts, steps) in seen:
+                continue
             seen.add((parts, steps))
-            h = _resized(g, {a: (grid, steps), i: (_combine_grid(g, i), loop)})
+            h = _resized(g, numbers)
             if h is not None:
                 out.append((f"its split over {parts} parts of {steps} step(s)", h))
+    # several splits (the stitched split projections of a norm + Q/K/V): all of them deeper
+    for option, numbers in every.items():
+        if len(numbers) > 2:
+            h = _resized(g, numbers)
+            if h is not None:
+                how = "of one step" if option == 0 else "twice the parts"
+                out.append((f"its {len(numbers) // 2} splits deeper ({how})", h))
     return out
 
 

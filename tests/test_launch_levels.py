@@ -114,6 +114,7 @@ def test_the_reread_search_stitches_split_pieces_launched_by_level():
     import lax_ir
     from mirage_jax.search import Budget, search
     from mirage_jax.select import random_inputs
+    from mirage_jax.tuning import split_depth_variants
 
     S = jax.ShapeDtypeStruct
     d, q, kv = 512, 512, 128
@@ -127,6 +128,9 @@ def test_the_reread_search_stitches_split_pieces_launched_by_level():
     g = levels[0]
     assert g.meta["verified"] == "full" and len(g.launch_groups()) == 2
     assert all(len(lv) == 3 for lv in g.launch_groups())
+    # `select`'s tuning offers every split deeper at once (the probes' fastest were 16-way)
+    deeper = [h for how, h in split_depth_variants(g) if "3 splits deeper" in how]
+    assert deeper and deeper[0].launch_groups() == g.launch_groups()
     xs = random_inputs(program, 0)
     want = lax_ir.evaluate_reference(program, *xs)
     backends = ["pallas-interpret"]
@@ -136,8 +140,8 @@ def test_the_reread_search_stitches_split_pieces_launched_by_level():
         backends.append("triton")
     except ImportError:
         pass
-    for backend in backends:
-        got = lower(g, backend=backend, interpret=True)(*xs)
+    for backend, h in [(b, g) for b in backends] + [(backends[-1], deeper[0])]:
+        got = lower(h, backend=backend, interpret=True)(*xs)
         for o, w in zip(got, want):
             w = np.asarray(w, np.float64)
             err = np.max(np.abs(np.asarray(o, np.float64) - w)) / np.max(np.abs(w))
