@@ -89,7 +89,9 @@ def measure(
 
     xs = inputs(0)
     with tempfile.TemporaryDirectory() as d:
-        f = mirage_jax.jit(fn, cache=Path(d) / "c.sqlite", workers=args.workers)
+        f = mirage_jax.jit(
+            fn, cache=Path(d) / "c.sqlite", workers=args.workers, options=options(args)
+        )
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -191,7 +193,9 @@ def donated(model: Any, inputs: Any, cache_path: Path, args: argparse.Namespace)
 
     ci, _ = caches_of(model)
     fresh, feed = decode_loop(model, inputs)
-    f = mirage_jax.jit(model.fn, cache=cache_path, workers=args.workers, donate_argnums=ci)
+    f = mirage_jax.jit(
+        model.fn, cache=cache_path, workers=args.workers, donate_argnums=ci, options=options(args)
+    )
     jax.block_until_ready(f(*fresh(0)))
     t_jax = time_trace(jax.jit(model.fn, donate_argnums=ci), fresh, calls=args.calls, feed=feed)
     t_mine = time_trace(f, fresh, calls=args.calls, feed=feed)
@@ -232,6 +236,11 @@ def _top_kernels(timing: Any, top: int = 16) -> list | None:
     return [[name[:120], round(us, 3), round(n, 2)] for name, us, n in kernels[:top]]
 
 
+def _with(doc: dict) -> str:
+    """The run's `mirage_jax.jit` options, for the method line ("" for none)."""
+    return f", options {doc['options']}" if doc.get("options") else ""
+
+
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     lines = [
@@ -240,7 +249,8 @@ def markdown(doc: dict) -> str:
         f"Method: device time per call, `mirage_jax.profile.time_trace` (the sum of the GPU's "
         f"kernel durations per call from a profiler trace, rotating input sets, median of "
         f"{doc['calls']} calls); `mirage_jax.jit` with an empty cache and its own search "
-        f"({doc['workers']} workers, default budget), jax {m['jax']}, Python {m['python']}.",
+        f"({doc['workers']} workers, default budget{_with(doc)}), jax {m['jax']}, "
+        f"Python {m['python']}.",
         "",
         "| program | first call (s) | jax.jit (µs) | mirage_jax.jit (µs) | speedup | kernels | "
         "per region (µGraph / XLA µs) | whole-function check | matches |",
@@ -285,6 +295,20 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def options(args: argparse.Namespace) -> dict:
+    """`mirage_jax.jit`'s options for a run (`--reread`: `search.Budget.reread`)."""
+    return {"reread": True} if getattr(args, "reread", False) else {}
+
+
+def add_reread(p: argparse.ArgumentParser) -> None:
+    """The `--reread` flag (shared with `real_baselines`)."""
+    p.add_argument(
+        "--reread",
+        action="store_true",
+        help="search split norm + projections, launched by level (options={'reread': True})",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
@@ -309,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="decode models: also time both jits with the KV caches donated (a decode loop)",
     )
+    add_reread(p)
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -322,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "calls": args.calls,
         "workers": args.workers,
+        "options": options(args),
         "rows": [],
     }
     if args.resume and path.exists():

@@ -145,7 +145,7 @@ def _speedups(doc: dict) -> None:
         r["speedup"] = b / t if b and t else None
 
 
-def method(calls: int | None, workers: int) -> str:
+def method(calls: int | None, workers: int, options: dict | None = None) -> str:
     """The method paragraph of the table."""
     timing = (
         "not timed (--check-only or no GPU): every contender built and checked only"
@@ -159,7 +159,8 @@ def method(calls: int | None, workers: int) -> str:
         f"inputs (`Model.make(seed)`); each output is checked against jax.jit's on input set 0 "
         f"(max error relative to each output's magnitude; tolerance "
         f"{', '.join(f'{k} {v:g}' for k, v in never_slower.TOL.items())}). mirage_jax.jit: an "
-        f"empty cache and its own search ({workers} workers, default budget), first call by "
+        f"empty cache and its own search ({workers} workers, default budget"
+        f"{f', options {options}' if options else ''}), first call by "
         f"wall clock. Library attention: the same block under jax.jit with its attention core "
         f"(after RoPE and the cache write, before the output projection) computed by the "
         f"kernel, GQA without repeating K/V, the decode mask as valid lengths pos + 1 "
@@ -178,9 +179,10 @@ def new_doc(args: argparse.Namespace) -> dict:
         "date": _dt.date.today().isoformat(),
         "machine": {"device": device, "name": machine_name(device)},
         "versions": versions(),
-        "method": method(args.calls if timed else None, args.workers),
+        "method": method(args.calls if timed else None, args.workers, never_slower.options(args)),
         "calls": args.calls if timed else None,
         "workers": args.workers,
+        "options": never_slower.options(args),
         "rows": [],
     }
 
@@ -423,6 +425,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="keep the rows already in the file")
     p.add_argument("--check-only", action="store_true", help="build and check, time nothing")
     p.add_argument("--figure-only", action="store_true", help="redraw the figure from the JSON")
+    never_slower.add_reread(p)
     args = p.parse_args(argv)
     if not args.check_only and not args.figure_only and jax.default_backend() != "gpu":
         print("no GPU: --check-only (contenders built and checked, nothing timed)", flush=True)

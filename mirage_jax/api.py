@@ -164,6 +164,9 @@ class MirageJit:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if search not in SEARCH_MODES:
             raise ValueError(f"search must be one of {SEARCH_MODES}, got {search!r}")
+        if not isinstance((options or {}).get("reread", False), bool):
+            got = (options or {})["reread"]
+            raise ValueError(f"options['reread'] must be True or False, got {got!r}")
         self.fn = fn
         self.opts = _Options(
             backend, search, float(budget_s), int(seed), _workers(workers), dict(options or {}),
@@ -541,7 +544,9 @@ def jit(
         seed: the search seed (results are deterministic for a seed).
         workers: search worker processes (None: the CPUs less two, at most 12; 1 searches in
             this process).
-        options: extra options that change the result (part of the cache key).
+        options: extra options that change the result (part of the cache key); e.g.
+            `{"reread": True}` lets the search split a norm + projection over K
+            (`search.Budget.reread`, off by default).
         lower_config: a lowering config passed to `mirage_jax.lower.lower`.
         progress: show a progress bar while searching (None: only on a terminal).
         strict: every fallback to XLA (a failed capture, search, lowering or cache read)

@@ -291,9 +291,14 @@ def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
     the `SearchOutcome` (XLA) when there is none. Needs no GPU (`mirage_jax.zoo` runs it on
     CPU workers and the selection where the GPU is)."""
     t0 = time.perf_counter()
-    limits = {"time_s": opts.budget_s}
+    limits: dict[str, Any] = {"time_s": opts.budget_s}
     if opts.max_candidates is not None:
         limits["max_candidates"] = opts.max_candidates
+    reread = (getattr(opts, "options", None) or {}).get("reread", False)
+    if not isinstance(reread, bool):
+        raise ValueError(f"options['reread'] must be True or False, got {reread!r}")
+    if reread:  # split norm + projections, stitched and launched by level (`Budget.reread`)
+        limits["reread"] = True
     try:
         result = search_mod.search(
             program,

@@ -67,3 +67,36 @@ def test_reread_finds_the_split_norm_and_it_computes_the_region(backend):
     want = np.asarray(want, np.float64)
     err = np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want))
     assert err < 2e-2, err
+
+
+def test_the_reread_option_reaches_the_search_and_bad_values_are_refused(tmp_path, monkeypatch):
+    """`mirage_jax.jit(options={"reread": True})` searches with `Budget.reread`; a value that is
+    not a bool is refused when the function is wrapped, not later as a region's fallback."""
+    import argparse
+
+    import mirage_jax
+    from experiments import never_slower
+    from mirage_jax import search as search_mod
+
+    with pytest.raises(ValueError, match="reread"):
+        mirage_jax.jit(normed_gemv, options={"reread": "yes"})
+    budgets = []
+    real = search_mod.search
+
+    def spy(program, budget, **kwargs):
+        budgets.append(budget)
+        return real(program, budget=budget, **kwargs)
+
+    monkeypatch.setattr(search_mod, "search", spy)
+    f = mirage_jax.jit(
+        normed_gemv, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1,
+        options={"reread": True},
+    )  # fmt: skip
+    xs = random_inputs(_program(), 1)
+    want = np.asarray(lax_ir.evaluate_reference(_program(), *xs)[0], np.float64)
+    got = np.asarray(f(*xs), np.float64)
+    assert budgets and all(b.reread for b in budgets)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 2e-2
+    args = argparse.Namespace(reread=True)
+    assert never_slower.options(args) == {"reread": True}
+    assert never_slower.options(argparse.Namespace()) == {}
