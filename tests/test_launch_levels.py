@@ -130,7 +130,7 @@ def test_the_reread_search_stitches_split_pieces_launched_by_level():
     assert all(len(lv) == 3 for lv in g.launch_groups())
     # `select`'s tuning offers every split deeper at once (the probes' fastest were 16-way)
     deeper = [h for how, h in split_depth_variants(g) if "3 splits deeper" in how]
-    assert deeper and deeper[0].launch_groups() == g.launch_groups()
+    assert deeper and [len(lv) for lv in deeper[0].launch_groups()] == [3, 3]
     xs = random_inputs(program, 0)
     want = lax_ir.evaluate_reference(program, *xs)
     backends = ["pallas-interpret"]

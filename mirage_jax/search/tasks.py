@@ -488,7 +488,8 @@ def _combine(
             problem.targets, goal, out.counters, stop, epilogue, optional,
         )  # fmt: skip
         for c in en.run(4 + len(left) + len(reread)):
+            used, ops, outs = _used_inputs(len(ins), c)  # a row read again may stay unread
             yield KernelSpec(
-                tuple(t.ref for t in ins), cm, c.ops, c.outputs,
-                input_labels=tuple(t.labels for t in ins),
+                tuple(ins[i].ref for i in used), cm, ops, outs,
+                input_labels=tuple(ins[i].labels for i in used),
             )  # fmt: skip
