@@ -19,6 +19,16 @@ def has_gpu() -> bool:
         return False
 
 
+def interpret_backends() -> list[str]:
+    """The backends that run kernels on this CPU: Pallas's interpret mode, and Triton's
+    interpreter where the `triton` package is installed."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return ["pallas-interpret"]
+    return ["pallas-interpret", "triton"]
+
+
 FILE_SECONDS = {
     "test_pieces.py": 302,
     "test_zoo.py": 208,

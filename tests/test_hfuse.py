@@ -13,6 +13,7 @@ from mirage_jax.lower import lower
 from mirage_jax.mugraph import TARGETS
 from mirage_jax.search import Budget, search
 from mirage_jax.search.hfuse import fused_variants, fusible
+from tests.conftest import interpret_backends
 
 
 def qkv(x, g, wq, wk, wv):
@@ -87,13 +88,7 @@ def test_projections_of_different_widths_get_one_launch() -> None:
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(s, np.float32) for s, _ in program.input_avals]
     want = lax_ir.evaluate(program, *xs)
-    backends = ["pallas-interpret"]
-    try:
-        import triton  # noqa: F401
-
-        backends.append("triton")
-    except ImportError:
-        pass
+    backends = interpret_backends()
     for backend in backends:
         got = lower(g, backend=backend, interpret=True)(*xs)
         for o, w in zip(got, want):

@@ -20,6 +20,7 @@ from mirage_jax.mugraph import (
     evaluate_reference,
 )
 from mirage_jax.search import cost as cost_model
+from tests.conftest import interpret_backends
 
 
 def _projection(n: int):
@@ -133,13 +134,7 @@ def test_the_reread_search_stitches_split_pieces_launched_by_level():
     assert deeper and [len(lv) for lv in deeper[0].launch_groups()] == [3, 3]
     xs = random_inputs(program, 0)
     want = lax_ir.evaluate_reference(program, *xs)
-    backends = ["pallas-interpret"]
-    try:
-        import triton  # noqa: F401
-
-        backends.append("triton")
-    except ImportError:
-        pass
+    backends = interpret_backends()
     for backend, h in [(b, g) for b in backends] + [(backends[-1], deeper[0])]:
         got = lower(h, backend=backend, interpret=True)(*xs)
         for o, w in zip(got, want):
