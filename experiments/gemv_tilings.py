@@ -68,9 +68,6 @@ def main() -> None:
     split_s = [
         s for _, s in seen if len(s.kernels) == 2 and "loop[0" in s.describe(str).split(";")[0]
     ]
-    # the same split kernel with a combining kernel that reduces the stacked partials at once
-    flat_s = [s for s in split_s if "loop[-]" in s.describe(str).split(";")[1]]
-    split_s = [s for s in split_s if s not in flat_s]
     loop_s = [s for _, s in seen if len(s.kernels) == 1 and "loop[0" in s.describe(str)]
     problem = seen[0][0]
 
@@ -114,11 +111,7 @@ def main() -> None:
                 if per < rows:
                     continue
                 if split_s:
-                    print("  combine loops over the splits:", flush=True)
                     run(split_s[0], ((N // cols, split), combine), (per // rows, split), 4)
-                if flat_s:
-                    print("  combine reduces the stacked splits at once:", flush=True)
-                    run(flat_s[0], ((N // cols, split), combine), (per // rows, 1), 4)
     for w in (2, 8):
         if split_s:
             run(split_s[0], ((N // 256, 16), combine), (4, 16), w)

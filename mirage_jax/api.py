@@ -49,6 +49,7 @@ from mirage_jax.regions import (
     compute_gated,
     region_avals,
     region_kernel,
+    reread_option,
 )
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
@@ -164,9 +165,7 @@ class MirageJit:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if search not in SEARCH_MODES:
             raise ValueError(f"search must be one of {SEARCH_MODES}, got {search!r}")
-        if not isinstance((options or {}).get("reread", False), bool):
-            got = (options or {})["reread"]
-            raise ValueError(f"options['reread'] must be True or False, got {got!r}")
+        reread_option(options)  # a bad value is refused here, not as a region's fallback
         self.fn = fn
         self.opts = _Options(
             backend, search, float(budget_s), int(seed), _workers(workers), dict(options or {}),

@@ -286,6 +286,16 @@ def _search_and_select(
     )
 
 
+def reread_option(options: Mapping[str, Any] | None) -> bool:
+    """`mirage_jax.jit`'s `options["reread"]` (False where absent): the search splits a norm +
+    projection over K and launches the stitch by level (`search.Budget.reread`). Raises
+    ValueError for a value that is not a bool (checked when the function is wrapped)."""
+    reread = (options or {}).get("reread", False)
+    if not isinstance(reread, bool):
+        raise ValueError(f"options['reread'] must be True or False, got {reread!r}")
+    return reread
+
+
 def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
     """The search half of `search_region`: a `SearchResult` with µGraphs to select from, or
     the `SearchOutcome` (XLA) when there is none. Needs no GPU (`mirage_jax.zoo` runs it on
@@ -294,10 +304,7 @@ def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
     limits: dict[str, Any] = {"time_s": opts.budget_s}
     if opts.max_candidates is not None:
         limits["max_candidates"] = opts.max_candidates
-    reread = (getattr(opts, "options", None) or {}).get("reread", False)
-    if not isinstance(reread, bool):
-        raise ValueError(f"options['reread'] must be True or False, got {reread!r}")
-    if reread:  # split norm + projections, stitched and launched by level (`Budget.reread`)
+    if reread_option(getattr(opts, "options", None)):  # split norm + projections (`Budget`)
         limits["reread"] = True
     try:
         result = search_mod.search(

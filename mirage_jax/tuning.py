@@ -119,9 +119,8 @@ def warp_variants(g: MuGraph, few: bool = True) -> list[int | tuple[int, ...]]:
     from mirage_jax.lower.plan import KernelConfig
 
     kernels = [i for i, op in enumerate(g.ops) if op.block_graph is not None]
-    groups = g.launch_groups()
-    group = {i for lv in groups for i in lv}
-    launches = [[i] for i in kernels if i not in group] + [list(lv) for lv in groups]
+    group = g.grouped_kernels()
+    launches = [[i] for i in kernels if i not in group] + [list(lv) for lv in g.launch_groups()]
     out: list[int | tuple[int, ...]] = [TUNED_WARPS, FEW_WARPS] if few else [TUNED_WARPS]
     if 2 <= len(launches) <= MAX_TUNED_LAUNCHES:
         default = KernelConfig().num_warps
@@ -160,7 +159,7 @@ def split_variants(g: MuGraph, backend: str) -> list[int]:
         plans = plan(g)
     except LoweringError:
         return []
-    group = {i for lv in g.launch_groups() for i in lv}
+    group = g.grouped_kernels()
     alone = [p for i, p in plans.items() if i not in group]
     out = []
     for s in SPLIT_PARTS:
@@ -263,7 +262,7 @@ def wide_variants(
     )
     if weights < WIDE_MIN_BYTES:
         return []
-    group = {i for lv in g.launch_groups() for i in lv}
+    group = g.grouped_kernels()
     out: list[tuple[str, MuGraph]] = []
     seen = set()
     for row_bytes in WIDE_ROW_BYTES:
@@ -501,9 +500,7 @@ def row_major_variant(g: MuGraph, backend: str, us: float) -> MuGraph | None:
     50 MB L2."""
     if backend != "triton" or g.meta.get(ROW_MAJOR) or us < ROW_MAJOR_MIN_US:
         return None
-    group = {
-        i for lv in g.launch_groups() for i in lv
-    }  # launched together: their launch keeps its own order
+    group = g.grouped_kernels()  # launched together: their launch keeps its own order
     grids = [op.block_graph.grid for i, op in g.graph_defined() if i not in group]
     if not any(sum(n > 1 for n in grid) >= 2 for grid in grids):
         return None

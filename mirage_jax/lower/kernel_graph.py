@@ -215,8 +215,7 @@ def lower(
     kernels = {}
     # the kernels launched as one: each dependency level of two or more (`launch_levels`)
     levels = mugraph.launch_levels() if hasattr(mod, "build_group") else ()
-    groups = [lv for lv in levels if len(lv) > 1]
-    group = frozenset(i for lv in groups for i in lv)
+    group = mugraph.grouped_kernels() if levels else frozenset()
     out_views = dict(out_views or {})
     written = _written_in_place(mugraph, out_views, plans, group) if in_place else {}
     cast_to = _stored_dtypes(mugraph, out_dtypes or {}, plans, group, mod)
@@ -234,10 +233,10 @@ def lower(
         if table is not None:
             extra["steps"] = table
         kernels[i] = mod.build_kernel(p, cfg, interpret=interpret, where=where, **extra)
-    launches = {}  # first kernel of a level -> the level's kernels launched as one
-    for lv in groups:
+    launches = {}  # first kernel of a level -> (the level, its kernels launched as one)
+    for lv in mugraph.launch_groups() if levels else ():
         where = f"kernel ops {list(lv)} (graph_defined, one launch)"
-        launches[lv[0]] = mod.build_group(
+        launches[lv[0]] = lv, mod.build_group(
             [plans[i] for i in lv], _group_config(lv, plans, configs, config, split, refusal),
             interpret=interpret,
             where=where,
@@ -245,7 +244,7 @@ def lower(
         )  # fmt: skip
     # kernels level by level where levels launch together (a level's kernels read only what
     # lower levels made), else in op order
-    order = [i for lv in levels for i in lv] or [i for i, op in enumerate(mugraph.ops)]
+    order = [i for lv in levels for i in lv] or range(len(mugraph.ops))
     shapes = mugraph.shapes
     ops = mugraph.ops
     inputs = mugraph.inputs
@@ -274,13 +273,13 @@ def lower(
             if op.op == "input" or (i in group and i not in launches):
                 continue
             if i in launches:  # its level's kernels, launched as one: their args are ready
-                lv = next(lv for lv in groups if lv[0] == i)
+                lv, launch = launches[i]
                 args_of = [
                     stored[a] if k in kernel_views[g] else env[a]
                     for g in lv
                     for k, a in enumerate(ops[g].args)
                 ]
-                ys = iter(launches[i](*args_of))
+                ys = iter(launch(*args_of))
                 for g in lv:
                     for j in range(len(ops[g].block_graph.outputs)):
                         env[(g, j)] = next(ys)

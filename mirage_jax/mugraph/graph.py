@@ -388,6 +388,10 @@ class MuGraph:
         """The `launch_levels` of two or more kernels: those launched together."""
         return tuple(lv for lv in self.launch_levels() if len(lv) > 1)
 
+    def grouped_kernels(self) -> frozenset[int]:
+        """The kernels of every `launch_groups` level (launched with others, not alone)."""
+        return frozenset(i for lv in self.launch_groups() for i in lv)
+
     def launch_levels(self) -> tuple[tuple[int, ...], ...]:
         """The launches of a µGraph whose meta has `ONE_LAUNCH`: its `dependency_levels`, each
         launched as one (a level of one kernel is that kernel's launch); () without the key,
