@@ -57,17 +57,21 @@ def timeline(fn: Callable[..., Any], sets: Sequence[tuple], calls: int = 20) -> 
     return positions(profile.trace_events(run), calls)
 
 
-def one(spec: str) -> dict[str, Any]:
-    """The timelines of model `spec` ("name:size:batch") under both jits, and its decisions."""
+def one(spec: str, keep_all: bool = False, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The timelines of model `spec` ("name:size:batch") under both jits, and its decisions.
+    `keep_all`: keep every kernel that won its region (no whole-function check)."""
     name, size, batch = spec.split(":")
     m = M.get(name, batch=int(batch), size=size)
     sets = [m.make(s).args for s in range(4)]
     with tempfile.TemporaryDirectory() as d:
-        f = mirage_jax.jit(m.fn, cache=Path(d) / "c.sqlite")
+        f = mirage_jax.jit(
+            m.fn, cache=Path(d) / "c.sqlite", function_check=not keep_all, options=options or {}
+        )
         t0 = time.perf_counter()
         jax.block_until_ready(f(*sets[0]))
         first = time.perf_counter() - t0
-        row: dict[str, Any] = {"spec": spec, "first_call_s": round(first, 2)}
+        row: dict[str, Any] = {"spec": spec, "first_call_s": round(first, 2), "keep_all": keep_all}
+        row["options"] = dict(options or {})
         for label, fn in (("jax.jit", jax.jit(m.fn)), ("mirage", f)):
             row[label] = timeline(fn, sets)
         row["regions"] = [(d.index, d.status, d.reason) for d in f.last.decisions]
@@ -78,12 +82,19 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("specs", nargs="+", help="name:size:batch, e.g. llama_decode_eqx:realistic:1")
     p.add_argument("--out", default="experiments/results")
+    p.add_argument(
+        "--keep-all",
+        action="store_true",
+        help="keep every kernel that won its region alone (function_check=False): shows what a "
+        "kernel the whole-function check leaves out costs around it",
+    )
+    p.add_argument("--reread", action="store_true", help='options={"reread": True}')
     args = p.parse_args(argv)
     machine = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for spec in args.specs:
-        row = one(spec)
+        row = one(spec, args.keep_all, {"reread": True} if args.reread else None)
         row.update(date=_dt.date.today().isoformat(), machine=machine)
         for label in ("jax.jit", "mirage"):
             total = sum(us for _, us in row[label])

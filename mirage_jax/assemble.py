@@ -133,6 +133,10 @@ def assemble(
     skipped: dict[int, str] = {}
     calls: dict[int, Callable] = {}
     made: set[int] = set()  # nodes with no place that a kernel chosen so far computes
+    users: dict[int, list[int]] = {}
+    for i, nd in enumerate(program.nodes):
+        for a in nd.args:
+            users.setdefault(a, []).append(i)
     for k in sorted(replacements):  # regions in program order: producers first
         region = part.regions[k]
         derived = _derive(program, region.inputs, origins, made)
@@ -148,9 +152,12 @@ def assemble(
         if None in ins or any(o[0] == "in" for o in outs):
             skipped[k] = "a value of the region has no place in the traced jaxpr"
             continue
+        unplaced = [o for o, p in zip(region.outputs, outs) if p[0] == "node"]
+        layouts = _layout_places(program, unplaced, origins, users)
+        outs += [_choose(origins[u], False) for u, _ in layouts]
         chosen[k] = (ins, outs)
-        made.update(o for o, p in zip(region.outputs, outs) if p[0] == "node")
-        calls[k] = lambda *vals, f=replacements[k], prep=prepare, k=k: _scoped(k, f, prep(vals))
+        made.update(unplaced)
+        calls[k] = _kernel_call(k, replacements[k], prepare, program, region.outputs, layouts)
     inline = {
         p[0][:j]
         for ins, outs in chosen.values()
@@ -190,6 +197,66 @@ COPIES = -1
 REGION_SCOPE = "mirage_jax.region{}"
 """The name scope a region's kernel is traced under: its HLO ops' op_name carries it, so a
 profiler trace can tell the region's kernels apart (`profile.TraceTiming.regions`)."""
+
+
+LAYOUT_OPS = ("reshape", "transpose", "convert")
+"""Steps that only re-lay (or re-type) a value: a placed value that is such a step of a kernel's
+output is written by the kernel op too (`_layout_places`)."""
+
+
+def _layout_places(
+    program: Any, unplaced: Sequence[int], origins: Sequence[frozenset], users: Mapping
+) -> list[tuple[int, list[int]]]:
+    """The placed nodes that are layout steps (`LAYOUT_OPS`, at most 4) of a region output
+    with no place of its own, with the steps from the output: (node, steps).
+
+    Such an output is a value the capture's normalisation made: equinox's vmapped `Linear`
+    traces `dot_general` to a [N, 1, 1] value, which the Program holds as a [N, 1] matmul
+    and a reshape. XLA's equations read the placed reshape; unless the kernel writes it too,
+    the traced `dot_general` stays alive and XLA computes the projection a second time
+    (equinox, Llama-7B size, b=1, on the H200, 2026-11-28: a 28.1 µs GEMV beside the
+    kernel's own, with gate/up as a kernel and the down projection in XLA)."""
+    found: list[tuple[int, list[int]]] = []
+    stack = [(o, []) for o in unplaced]
+    while stack:
+        x, steps = stack.pop()
+        for u in users.get(x, ()):
+            nd = program.nodes[u]
+            if nd.op not in LAYOUT_OPS or len(nd.args) != 1:
+                continue
+            if origins[u] and _choose(origins[u], False)[0] != "in":
+                found.append((u, [*steps, u]))
+            elif len(steps) < 3:
+                stack.append((u, [*steps, u]))
+    return found
+
+
+def _kernel_call(
+    k: int,
+    f: Callable,
+    prepare: Callable,
+    program: Any,
+    outputs: Sequence[int],
+    layouts: Sequence[tuple[int, list[int]]],
+) -> Callable:
+    """Region k's kernel op: `f` on the prepared inputs under its name scope, and after its
+    outputs the `layouts` (`_layout_places`) computed from them."""
+
+    def call(*vals: Any) -> list[Any]:
+        outs = list(_scoped(k, f, prepare(vals)))
+        if not layouts:
+            return outs
+        from lax_ir.interpret import FloatAlgebra, eval_node
+
+        env, algebra = dict(zip(outputs, outs)), FloatAlgebra()
+        for _, steps in layouts:
+            for i in steps:
+                if i not in env:
+                    nd = program.nodes[i]
+                    env[i] = eval_node(algebra, nd, [env[a] for a in nd.args])
+        return outs + [env[u] for u, _ in layouts]
+
+    return call
 
 
 def _scoped(k: int, f: Callable, vals: Sequence[Any]) -> Any:
