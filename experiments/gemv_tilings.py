@@ -10,9 +10,9 @@ run; each line: grids (blocks per kernel), loop ranges, warps, µs, the cost mod
     python -m experiments.gemv_tilings 4096 4096 > experiments/results/gemv_tilings_<gpu>_<date>.txt
 
 With `--norm`, the region is an RMSNorm (fp32 statistic, fp16 gain) followed by the GEMV: its
-split-K form's combining kernel reads the row again for the rms (`Budget(reread=True)`, off in
-the default search). `--splits-only` skips the loop forms. Each line also gives the device
-time of each kernel (split, combine).
+split-K form's combining kernel reads the row again for the rms (`Budget(reread=True)`: off in
+`search.Budget` by default, on in `mirage_jax.jit`). `--splits-only` skips the loop forms. Each
+line also gives the device time of each kernel (split, combine).
 """
 
 import functools

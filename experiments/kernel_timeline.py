@@ -88,13 +88,13 @@ def main(argv: list[str] | None = None) -> None:
         help="keep every kernel that won its region alone (function_check=False): shows what a "
         "kernel the whole-function check leaves out costs around it",
     )
-    p.add_argument("--reread", action="store_true", help='options={"reread": True}')
+    p.add_argument("--no-reread", action="store_true", help='options={"reread": False}')
     args = p.parse_args(argv)
     machine = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for spec in args.specs:
-        row = one(spec, args.keep_all, {"reread": True} if args.reread else None)
+        row = one(spec, args.keep_all, {"reread": False} if args.no_reread else None)
         row.update(date=_dt.date.today().isoformat(), machine=machine)
         for label in ("jax.jit", "mirage"):
             total = sum(us for _, us in row[label])

@@ -296,16 +296,16 @@ def markdown(doc: dict) -> str:
 
 
 def options(args: argparse.Namespace) -> dict:
-    """`mirage_jax.jit`'s options for a run (`--reread`: `search.Budget.reread`)."""
-    return {"reread": True} if getattr(args, "reread", False) else {}
+    """`mirage_jax.jit`'s options for a run (`--no-reread`: `search.Budget.reread` off)."""
+    return {"reread": False} if getattr(args, "no_reread", False) else {}
 
 
 def add_reread(p: argparse.ArgumentParser) -> None:
-    """The `--reread` flag (shared with `real_baselines`)."""
+    """The `--no-reread` flag (shared with `real_baselines`)."""
     p.add_argument(
-        "--reread",
+        "--no-reread",
         action="store_true",
-        help="search split norm + projections, launched by level (options={'reread': True})",
+        help="no split norm + projections (options={'reread': False}; on by default)",
     )
 
 

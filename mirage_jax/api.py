@@ -544,8 +544,8 @@ def jit(
         workers: search worker processes (None: the CPUs less two, at most 12; 1 searches in
             this process).
         options: extra options that change the result (part of the cache key); e.g.
-            `{"reread": True}` lets the search split a norm + projection over K
-            (`search.Budget.reread`, off by default).
+            `{"reread": False}` keeps the search from splitting a norm + projection over K
+            (`search.Budget.reread`, on by default here).
         lower_config: a lowering config passed to `mirage_jax.lower.lower`.
         progress: show a progress bar while searching (None: only on a terminal).
         strict: every fallback to XLA (a failed capture, search, lowering or cache read)

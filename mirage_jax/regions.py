@@ -287,10 +287,11 @@ def _search_and_select(
 
 
 def reread_option(options: Mapping[str, Any] | None) -> bool:
-    """`mirage_jax.jit`'s `options["reread"]` (False where absent): the search splits a norm +
-    projection over K and launches the stitch by level (`search.Budget.reread`). Raises
+    """`mirage_jax.jit`'s `options["reread"]` (True where absent): the search splits a norm +
+    projection over K and launches the stitch by level (`search.Budget.reread`). On by default
+    since the H200 runs of 2026-11-28 (docs/decisions.md, "reread on by default"). Raises
     ValueError for a value that is not a bool (checked when the function is wrapped)."""
-    reread = (options or {}).get("reread", False)
+    reread = (options or {}).get("reread", True)
     if not isinstance(reread, bool):
         raise ValueError(f"options['reread'] must be True or False, got {reread!r}")
     return reread
@@ -304,8 +305,7 @@ def search_only(search_mod: Any, program: Any, opts: Any) -> Any:
     limits: dict[str, Any] = {"time_s": opts.budget_s}
     if opts.max_candidates is not None:
         limits["max_candidates"] = opts.max_candidates
-    if reread_option(getattr(opts, "options", None)):  # split norm + projections (`Budget`)
-        limits["reread"] = True
+    limits["reread"] = reread_option(getattr(opts, "options", None))  # split norm + projections
     try:
         result = search_mod.search(
             program,

@@ -1,8 +1,8 @@
 """A norm + projection split over K, its combining kernel taking the rms (`Budget.reread`).
 
 The norm's statistic needs the whole row, so a split-K kernel of a norm + projection closes
-only if its combining kernel reads the row again (`tasks._rereadable`). Off by default (no
-decode block ran faster with it on the H200, 2026-11-28); `experiments.gemv_tilings --norm`
+only if its combining kernel reads the row again (`tasks._rereadable`). Off in `Budget` by
+default, on in `mirage_jax.jit` (its `options["reread"]`); `experiments.gemv_tilings --norm`
 times these µGraphs.
 """
 
@@ -70,8 +70,9 @@ def test_reread_finds_the_split_norm_and_it_computes_the_region(backend):
 
 
 def test_the_reread_option_reaches_the_search_and_bad_values_are_refused(tmp_path, monkeypatch):
-    """`mirage_jax.jit(options={"reread": True})` searches with `Budget.reread`; a value that is
-    not a bool is refused when the function is wrapped, not later as a region's fallback."""
+    """`mirage_jax.jit` searches with `Budget.reread` by default, without it under
+    `options={"reread": False}`; a value that is not a bool is refused when the function is
+    wrapped, not later as a region's fallback."""
     import argparse
 
     import mirage_jax
@@ -90,13 +91,19 @@ def test_the_reread_option_reaches_the_search_and_bad_values_are_refused(tmp_pat
     monkeypatch.setattr(search_mod, "search", spy)
     f = mirage_jax.jit(
         normed_gemv, backend="pallas-interpret", cache=tmp_path / "c.sqlite", workers=1,
-        options={"reread": True},
     )  # fmt: skip
     xs = random_inputs(_program(), 1)
     want = np.asarray(lax_ir.evaluate_reference(_program(), *xs)[0], np.float64)
     got = np.asarray(f(*xs), np.float64)
     assert budgets and all(b.reread for b in budgets)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 2e-2
-    args = argparse.Namespace(reread=True)
-    assert never_slower.options(args) == {"reread": True}
+    budgets.clear()
+    g = mirage_jax.jit(
+        normed_gemv, backend="pallas-interpret", cache=tmp_path / "d.sqlite", workers=1,
+        options={"reread": False},
+    )  # fmt: skip
+    g(*xs)
+    assert budgets and not any(b.reread for b in budgets)
+    args = argparse.Namespace(no_reread=True)
+    assert never_slower.options(args) == {"reread": False}
     assert never_slower.options(argparse.Namespace()) == {}

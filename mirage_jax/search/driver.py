@@ -53,7 +53,7 @@ from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.recipe import RECIPE, encode
 from mirage_jax.search.schedule import numbers_for
 from mirage_jax.search.structure import Numbers, Structure, instantiate
-from mirage_jax.search.tasks import Problem, prepare, run_keyed, run_task, tasks_of
+from mirage_jax.search.tasks import Problem, prepare, run_keyed, run_task, takes_rms, tasks_of
 from mirage_jax.search.workers import pool_for, problem_blob, shared_pool
 
 STOP_REASONS = ("exhausted", "time", "candidates", "no-candidates")
@@ -255,7 +255,10 @@ def _search(
     # search the pieces
     floor_s = _floor_s(program, device)
     stats["best_over_floor"] = None if best_one is None else round(best_one / floor_s, 2)
+    # with `Budget.reread` a norm + projection may close whole as a split whose combining
+    # kernel takes the rms; its pieces are searched too, for the loop forms (`STARVED`)
     starved = best_one is None or best_one > STARVED * floor_s
+    starved = starved or (budget.reread and takes_rms(problem))
     if starved and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
         found, cut_stats = search_cuts(search, program, budget, seed, target, device, cut_deadline)
@@ -420,13 +423,14 @@ class _Run:
             self.stats["depth"] = max(self.stats.get("depth", 0), depth)
 
 
-STARVED = 4.0
+STARVED = 8.0
 """A µGraph estimated slower than this multiple of the region's memory floor has the pieces
-searched too (`cut_search.search_cuts`), and the cheapest of all is kept. It was 8: with
-`Budget.reread`, Gemma's norm + Q/K/V at Llama-7B size (b=1) closed whole as a split whose
-combining kernel is one block, estimated 7.6 times its floor (149.7 µs; 70.4 µs on the H200),
-so its pieces were not searched and the 22.2 µs loop form the cuts find was lost. In the
-real-model set no other region's best lies between 4 and 8 times its floor (2026-11-28)."""
+searched too (`cut_search.search_cuts`), and the cheapest of all is kept. With
+`Budget.reread` a region whose combining kernels can take an rms has them searched always:
+Gemma's norm + Q/K/V closed whole as a split whose combining kernel is one block, estimated
+7.6 times its floor at Llama-7B size (70.4 µs on the H200, b=1) and 3.8 times at d_model 1024
+(5.86 µs), so its pieces were not searched and the loop forms the cuts find (22.2 and 3.46 µs)
+were lost (2026-11-28)."""
 
 
 def _floor_s(program: Program, device: cost_model.Device) -> float:

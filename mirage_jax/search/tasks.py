@@ -331,7 +331,7 @@ def run_task(
         used, ops, outs = _used_inputs(len(inputs), closed)
         left = tuple(inputs[i] for i in range(len(inputs)) if i not in used)
         reread = ()
-        if m.split and problem.reread and _takes_rms(problem):
+        if m.split and problem.reread and takes_rms(problem):
             reread = _rereadable(problem, m, [inputs[i] for i in used])
         for mm in grid_expansions(m, parallel, problem.sizes, problem.small):
             omaps = [omap_of(mm, closed.tensors[t].labels) for t, _ in closed.outputs]
@@ -415,7 +415,7 @@ REREAD_SHARE = 8
 largest input the split kernel reads (a row against a weight, `_rereadable`)."""
 
 
-def _takes_rms(problem: Problem) -> bool:
+def takes_rms(problem: Problem) -> bool:
     """Can a combining kernel of this region take an rms (its vocabulary offers
     `accum_rms_last`)? Only then is a row worth reading again (`_rereadable`); elsewhere the
     inputs read again would only add to the combining kernels' enumeration."""
