@@ -218,6 +218,7 @@ def _search(
     descriptions = []
     name = lambda c: f"d{c}({problem.sizes[c]})"  # noqa: E731
     best_one = None  # the cheapest instance without pre-defined kernels (seconds)
+    best_blocks: tuple[int, ...] = ()  # its kernels' blocks
     recipes: dict[str, tuple[Structure, Numbers]] = {}  # µGraph hash -> how it was built
     keep = budget.numbers_per_structure
     from fields import memory
@@ -246,8 +247,10 @@ def _search(
                 with contextlib.suppress(TypeError):  # a value JSON cannot keep: none kept
                     meta[RECIPE] = encode(s, nums)
             instances.append((c.seconds, rank, MuGraph(g.ops, g.outputs, meta), key))
-            if not any(k.predefined for k in s.kernels):
-                best_one = c.seconds if best_one is None else min(best_one, c.seconds)
+            if not any(k.predefined for k in s.kernels) and (
+                best_one is None or c.seconds < best_one
+            ):
+                best_one, best_blocks = c.seconds, c.blocks
     seconds["numbers"] = time.perf_counter() - t0
 
     # kernel cuts: when no µGraph of graph-defined kernels only was found, or the best is far
@@ -256,9 +259,9 @@ def _search(
     floor_s = _floor_s(program, device)
     stats["best_over_floor"] = None if best_one is None else round(best_one / floor_s, 2)
     # with `Budget.reread` a norm + projection may close whole as a split whose combining
-    # kernel takes the rms; its pieces are searched too, for the loop forms (`STARVED`)
+    # kernel takes the rms in one block; its pieces are searched too (`STARVED`)
     starved = best_one is None or best_one > STARVED * floor_s
-    starved = starved or (budget.reread and takes_rms(problem))
+    starved = starved or (budget.reread and 1 in best_blocks and takes_rms(problem))
     if starved and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
         found, cut_stats = search_cuts(search, program, budget, seed, target, device, cut_deadline)
@@ -426,11 +429,12 @@ class _Run:
 STARVED = 8.0
 """A µGraph estimated slower than this multiple of the region's memory floor has the pieces
 searched too (`cut_search.search_cuts`), and the cheapest of all is kept. With
-`Budget.reread` a region whose combining kernels can take an rms has them searched always:
-Gemma's norm + Q/K/V closed whole as a split whose combining kernel is one block, estimated
-7.6 times its floor at Llama-7B size (70.4 µs on the H200, b=1) and 3.8 times at d_model 1024
-(5.86 µs), so its pieces were not searched and the loop forms the cuts find (22.2 and 3.46 µs)
-were lost (2026-11-28)."""
+`Budget.reread`, a region whose combining kernels can take an rms has them searched also where
+its best µGraph has a kernel of one block: Gemma's norm + Q/K/V closed whole as a split whose
+combining kernel is one block, estimated 7.6 times its floor at Llama-7B size (70.4 µs on the
+H200, b=1) and 3.8 times at d_model 1024 (5.86 µs), so its pieces were not searched and the
+loop forms the cuts find (22.2 and 3.46 µs) were lost (2026-11-28). Searching the pieces of
+every such region cost equinox's block at d_model 1024, b=8, 8 s of its first call (59.5 s)."""
 
 
 def _floor_s(program: Program, device: cost_model.Device) -> float:
