@@ -258,6 +258,7 @@ def _search(
     # search the pieces
     floor_s = _floor_s(program, device)
     stats["best_over_floor"] = None if best_one is None else round(best_one / floor_s, 2)
+    stats["best_blocks"] = list(best_blocks)
     # with `Budget.reread` a norm + projection may close whole as a split whose combining
     # kernel takes the rms in one block; its pieces are searched too (`STARVED`)
     starved = best_one is None or best_one > STARVED * floor_s
