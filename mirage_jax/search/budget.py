@@ -29,9 +29,10 @@ class Budget:
         numbers_per_structure: full-size instances kept per structure.
         split: try split-K (a reduction split across the grid, then a combining kernel).
         reread: a combining kernel may read again the small inputs its split kernel read (the
-            row of a norm + projection, for the rms: `tasks._rereadable`). Off by default: on
-            the H200 (2026-11-28) no decode block ran faster with these µGraphs (the one-launch
-            loop forms beat them in the function), and they lengthen the search.
+            row of a norm + projection, for the rms: `tasks._rereadable`), along its loop over
+            the split. Off here by default (it lengthens the search); `mirage_jax.jit` turns it
+            on (its `options["reread"]`): on the H200 (2026-11-28) the split norm + Q/K/V
+            launched by level beat the loop forms in nnx's and equinox's 7B decode blocks.
         cuts: when nothing is found in one piece, cut the region at matmul prologues and search
             the pieces (`cuts.py`); cut_share: the part of `time_s` kept for that.
         max_predefined: pre-defined kernel ops (GEMMs and their epilogues, left to XLA) before

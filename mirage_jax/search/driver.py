@@ -434,8 +434,7 @@ searched too (`cut_search.search_cuts`), and the cheapest of all is kept. With
 its best µGraph has a kernel of one block: Gemma's norm + Q/K/V closed whole as a split whose
 combining kernel is one block, estimated 7.6 times its floor at Llama-7B size (70.4 µs on the
 H200, b=1) and 3.8 times at d_model 1024 (5.86 µs), so its pieces were not searched and the
-loop forms the cuts find (22.2 and 3.46 µs) were lost (2026-11-28). Searching the pieces of
-every such region cost equinox's block at d_model 1024, b=8, 8 s of its first call (59.5 s)."""
+loop forms the cuts find (22.2 and 3.46 µs) were lost (2026-11-28)."""
 
 
 def _floor_s(program: Program, device: cost_model.Device) -> float:
