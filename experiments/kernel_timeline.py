@@ -29,6 +29,7 @@ if not __package__:  # python experiments/X.py: see experiments/_path.py
 
 import mirage_jax
 from experiments import models as M
+from experiments import never_slower
 from mirage_jax import profile
 
 
@@ -88,13 +89,13 @@ def main(argv: list[str] | None = None) -> None:
         help="keep every kernel that won its region alone (function_check=False): shows what a "
         "kernel the whole-function check leaves out costs around it",
     )
-    p.add_argument("--no-reread", action="store_true", help='options={"reread": False}')
+    never_slower.add_reread(p)
     args = p.parse_args(argv)
     machine = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for spec in args.specs:
-        row = one(spec, args.keep_all, {"reread": False} if args.no_reread else None)
+        row = one(spec, args.keep_all, never_slower.options(args))
         row.update(date=_dt.date.today().isoformat(), machine=machine)
         for label in ("jax.jit", "mirage"):
             total = sum(us for _, us in row[label])
