@@ -26,6 +26,31 @@ from mirage_jax.log import logger
 from mirage_jax.runner_up import in_context, try_runner_ups
 
 
+def left_out_reason(full: FunctionCheck, kept: FunctionCheck, left: Sequence[Any]) -> str:
+    """Why the kernels `left` were left out: where values differed with all kernels (`full`),
+    that; else the check of those `kept` and the function's time with all of them. With one
+    left out that won its region alone, how much XLA's part grew around it: equinox's gate/up
+    kernel (50.8 µs against XLA's 57.5 alone) made the whole function 25 µs slower, because
+    XLA then computed the up projection a second time (fixed in `assemble`)."""
+    if full.mismatch is not None:  # values differed with all kernels: the left-out one is why
+        return f"left out by the whole-function check: {full.reason}"
+    why = f"left out by the whole-function check: {kept.reason}"
+    if full.kernels_us is None or kept.kernels_us is None:
+        return why
+    why += f"; with all kernels {full.kernels_us:.2f} µs"
+    t = (left[0].timings or {}) if len(left) == 1 else {}
+    mine, xla = t.get("mugraph_us"), t.get("xla_us")
+    if mine and xla and xla > mine:
+        grew = (full.kernels_us - kept.kernels_us) + (xla - mine)
+        if grew > 0:
+            why += (
+                f": alone its region ran {mine:.2f} µs against XLA's {xla:.2f}, so XLA's part "
+                f"of the function grew by {grew:.2f} µs around it (a value computed twice, or "
+                "a copy: `experiments.kernel_timeline --keep-all` lists the kernels)"
+            )
+    return why
+
+
 class FunctionChoice:
     """The whole-function checks of one trace of `owner` (a `MirageJit`)."""
 
@@ -69,9 +94,8 @@ class FunctionChoice:
                 run = None
             else:
                 subset, kept_check, better = kept
-                # values differed with all kernels: the left-out one is why
-                why = (check if check.mismatch else kept_check).reason
-                why = f"left out by the whole-function check: {why}"
+                left = [d for d in decisions if d.status == "kernel" and d.index not in subset]
+                why = left_out_reason(check, kept_check, left)
                 check = kept_check
                 reasons = {k: why for k in kernels if k not in subset}
                 if better is not None:
