@@ -133,10 +133,6 @@ def assemble(
     skipped: dict[int, str] = {}
     calls: dict[int, Callable] = {}
     made: set[int] = set()  # nodes with no place that a kernel chosen so far computes
-    users: dict[int, list[int]] = {}
-    for i, nd in enumerate(program.nodes):
-        for a in nd.args:
-            users.setdefault(a, []).append(i)
     for k in sorted(replacements):  # regions in program order: producers first
         region = part.regions[k]
         derived = _derive(program, region.inputs, origins, made)
@@ -153,7 +149,7 @@ def assemble(
             skipped[k] = "a value of the region has no place in the traced jaxpr"
             continue
         unplaced = [o for o, p in zip(region.outputs, outs) if p[0] == "node"]
-        layouts = _layout_places(program, unplaced, origins, users)
+        layouts = _layout_places(program, unplaced, origins)
         outs += [_choose(origins[u], False) for u, _ in layouts]
         chosen[k] = (ins, outs)
         made.update(unplaced)
@@ -205,7 +201,7 @@ output is written by the kernel op too (`_layout_places`)."""
 
 
 def _layout_places(
-    program: Any, unplaced: Sequence[int], origins: Sequence[frozenset], users: Mapping
+    program: Any, unplaced: Sequence[int], origins: Sequence[frozenset]
 ) -> list[tuple[int, list[int]]]:
     """The placed nodes that are layout steps (`LAYOUT_OPS`, at most 4) of a region output
     with no place of its own, with the steps from the output: (node, steps).
@@ -220,7 +216,7 @@ def _layout_places(
     stack = [(o, []) for o in unplaced]
     while stack:
         x, steps = stack.pop()
-        for u in users.get(x, ()):
+        for u in program.users[x]:
             nd = program.nodes[u]
             if nd.op not in LAYOUT_OPS or len(nd.args) != 1:
                 continue

@@ -77,12 +77,13 @@ def test_projections_of_different_widths_get_one_launch() -> None:
     one = [g for g in res.mugraphs if g.meta["structure"].startswith("one launch for all")]
     assert one, [g.meta["structure"] for g in res.mugraphs]
     g = one[0]
-    assert len(g.one_launch()) == 3 and g.meta["verified"] == "full"
+    assert len(g.independent_kernels()) == 3 and g.meta["verified"] == "full"
+    assert g.launch_groups() == (g.independent_kernels(),)
     per_output = [x for x in res.mugraphs if x.canonical_hash == g.canonical_hash and x is not g]
     assert per_output, "the one-launch form is the per-output µGraph itself"
     plans = plan(g)
     source = triton_lowering.generate_group_source(
-        [plans[i] for i in g.one_launch()], triton_lowering.default_config(), "k"
+        [plans[i] for i in g.independent_kernels()], triton_lowering.default_config(), "k"
     )
     assert source.count("tl.program_id") == 1 and source.count("tl.store") == 3
     rng = np.random.default_rng(0)
@@ -117,7 +118,8 @@ def test_a_loop_free_tiling_is_offered_as_one_launch_too() -> None:
                  g.meta["structure"]]  # fmt: skip
     assert loop_free, [g.meta["structure"][:60] for g in res.mugraphs]
     g = loop_free[0]
-    assert len(g.one_launch()) == 3 and g.meta["verified"] == "full"
+    assert len(g.independent_kernels()) == 3 and g.meta["verified"] == "full"
+    assert g.launch_groups() == (g.independent_kernels(),)
     assert all(op.block_graph.forloop_range == 1 for _, op in g.graph_defined())
     rng = np.random.default_rng(0)
     xs = [(rng.standard_normal(s) * 0.5).astype(np.float16) for s in specs]

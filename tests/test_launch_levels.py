@@ -61,7 +61,7 @@ def test_levels_are_the_kernels_by_dependency():
     g = two_levels(True)
     (k1, k2), (k3, k4) = g.launch_levels()
     assert g.launch_groups() == ((k1, k2), (k3, k4))
-    assert g.one_launch() == ()  # not all independent: the older one-launch form is not it
+    assert g.independent_kernels() == ()  # not all independent: two launches, not one
     assert two_levels(False).launch_levels() == ()
     assert two_levels(False).dependency_levels() == g.launch_levels()
 

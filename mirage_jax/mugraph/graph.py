@@ -240,7 +240,7 @@ ONE_LAUNCH = "one_launch"
 kernels of a level launched as one whose grid is theirs one after another (the triton backend;
 others launch them one by one). The meaning is unchanged, only the launch: a decode norm
 before Q, K and V projections of different widths gets each projection its own tiling in one
-kernel (`MuGraph.one_launch`: all independent, one level); three split projections and their
+kernel (`MuGraph.independent_kernels`: one level); three split projections and their
 combining kernels run as two launches (`MuGraph.launch_levels`)."""
 
 
@@ -362,11 +362,6 @@ class MuGraph:
         if any(self.ops[a[0]].op != "input" for i in ks for a in self.ops[i].args):
             return ()
         return tuple(ks)
-
-    def one_launch(self) -> tuple[int, ...]:
-        """The graph-defined kernels launched as one: `independent_kernels` where the meta has
-        `ONE_LAUNCH`, else ()."""
-        return self.independent_kernels() if self.meta.get(ONE_LAUNCH) else ()
 
     def dependency_levels(self) -> tuple[tuple[int, ...], ...]:
         """The graph-defined kernels by dependency level (a kernel's level is one more than the

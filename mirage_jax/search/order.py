@@ -39,7 +39,7 @@ def timing_order(mugraphs: Sequence[MuGraph], top: int | None) -> list[tuple[int
         costs = [(mugraphs[k].meta.get("cost") or {}).get("us") for k in order]
         best = min((c for c in costs if c is not None), default=None)
         order = [k for k, c in zip(order, costs) if c is None or c <= FAR_BEHIND * best]
-        # one launch of kernels another µGraph has (`MuGraph.one_launch`): the first of each
+        # one launch of kernels another µGraph has (`ONE_LAUNCH`): the first of each
         # such structure is timed beside the `top`, not in place of one of them
         one = {k for k in order if mugraphs[k].meta.get(ONE_LAUNCH)}
         counted = [k for k in order if k not in one][:top]
