@@ -206,9 +206,11 @@ def _wide_numbers(
 ) -> tuple[tuple[int, ...], int] | None:
     """(grid, loop) for a kernel whose largest input (a weight) is then read in tiles
     `row_bytes` wide along its stored rows and `WIDE_TILE_ELEMENTS` in all per loop step; None
-    where the kernel is no decode GEMV (its weights less than half of what it reads) or its
-    maps do not allow it. `contiguous`: region input -> its axis contiguous in memory, where
-    it is not the last (an input read in place through a view: `cost.stored_axes`)."""
+    where the kernel is no decode GEMV (its weights less than half of what it reads), reads
+    them `row_bytes` wide already, or its maps do not allow it. A weight stored [N, K] (the loop
+    along its stored rows, the grid over N: equinox's `Linear`) gets fewer rows a block.
+    `contiguous`: region input -> its axis contiguous in memory, where it is not the last (an
+    input read in place through a view: `cost.stored_axes`)."""
     import numpy as np
 
     bg = op.block_graph
@@ -227,12 +229,21 @@ def _wide_numbers(
         return None
     grid = list(bg.grid)
     other = [d for d in range(len(w.shape)) if d not in (last, fd) and w.shape[d] > 1]
+    if fd == last:  # the loop walks the stored rows: steps at least `width` wide
+        part = w.shape[fd] // (grid[w.imap.index(fd)] if fd in w.imap else 1)  # a block's
+        if part // bg.forloop_range >= width or part % width:
+            return None
+        if other:  # [N, K] stored: the grid splits N; fewer rows a block, wider steps
+            if len(other) > 1 or other[0] not in w.imap:
+                return None
+            axis = w.imap.index(other[0])
+            rows = min(w.shape[other[0]] // grid[axis], WIDE_TILE_ELEMENTS // len(like) // width)
+            if w.shape[other[0]] % rows:
+                return None
+            grid[axis] = w.shape[other[0]] // rows
+        return tuple(grid), part // width
     if other or w.shape[last] % width or w.shape[last] < width:
         return None
-    if fd == last:  # the loop walks the stored rows: steps at least `width` wide
-        if w.shape[last] // bg.forloop_range >= width:
-            return None
-        return tuple(grid), w.shape[last] // width
     # the grid splits the stored rows: tiles `width` wide, the loop walks the rest
     grid[w.imap.index(last)] = w.shape[last] // width
     rows = WIDE_TILE_ELEMENTS // len(like) // width  # the step's weight tiles: 32 KB in all
