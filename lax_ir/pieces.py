@@ -30,7 +30,6 @@ Constants laid out by reshapes and broadcasts are copied into the regions that r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 from scipy.cluster.hierarchy import DisjointSet
@@ -163,23 +162,11 @@ def _reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
 
 
 def _activation(program: Program, m: int) -> int:
-    """The activation matmul m reads, seen through layout ops and converts: its first operand,
-    or its second where only that one is computed (equinox's `Linear` computes W @ x, its
-    first operand the weight) or, both being the function's inputs, the smaller."""
-
-    def root(a: int) -> int:
-        while program.nodes[a].op in SHAPE_OPS:
-            a = program.nodes[a].args[0]
-        return a
-
-    first, second = (root(a) for a in program.nodes[m].args[:2])
-    stored = [program.nodes[a].op in ("input", "constant") for a in (first, second)]
-    if stored == [True, False]:
-        return second
-    if all(stored):
-        sizes = [math.prod(program.nodes[a].shape) for a in (first, second)]
-        return second if sizes[1] < sizes[0] else first
-    return first
+    """The first operand of matmul m, seen through layout ops and converts."""
+    a = program.nodes[m].args[0]
+    while program.nodes[a].op in SHAPE_OPS:
+        a = program.nodes[a].args[0]
+    return a
 
 
 def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:

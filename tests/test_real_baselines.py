@@ -50,9 +50,7 @@ def test_default_regions_match_the_hashes_recorded_before_the_switch():
     over heads that the region groups by KV head reached the region unwidened (the attention
     regions of llama_decode_nnx and gemma_decode: `lax_ir.layouts._grouped_broadcast_rule`),
     and when a dot_general's contracted pairs came in the larger operand's memory order
-    (gemma_decode's output projection, whose einsum lists (H, N): `lax_ir.capture`), and
-    2026-11-28 when equinox's gate and up projections (W @ x) became one GEMM group with their
-    gating product (llama_decode_eqx's MLP regions: `lax_ir.pieces._activation`)."""
+    (gemma_decode's output projection, whose einsum lists (H, N): `lax_ir.capture`)."""
     import lax_ir
 
     want = json.loads((Path(__file__).parent / "model_region_hashes.json").read_text())
