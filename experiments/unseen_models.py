@@ -1,12 +1,14 @@
 """Model code the project's own tests do not contain, written as users write it: a Qwen2-style
 prefill block in plain jnp (biased q/k/v, GQA, RoPE, causal softmax, SwiGLU, bfloat16), a flax
-linen pre-LN MLP block with GELU, `jax.nn.dot_product_attention` with a causal mask, and
-Llama-style MLP layers stacked and run by `jax.lax.scan` (on a CPU at small sizes). Each
+linen pre-LN MLP block with GELU, `jax.nn.dot_product_attention` with a causal mask,
+Llama-style MLP layers stacked and run by `jax.lax.scan` (on a CPU at small sizes), and a
+decode step whose q/k/v and gate/up weights are each one array, its product cut by `jnp.split`
+(Phi-3's fused layout), writing its KV cache. Each
 runs under `mirage_jax.jit` (fresh cache, its own search) and is compared to `jax.jit`; the
 regions' decisions are printed. Small shapes: a check of reach and correctness, not a timing.
 
     python -m experiments.unseen_models                    # on the GPU: default backend
-    python -m experiments.unseen_models --backend pallas-interpret qwen   # on a CPU
+    python -m experiments.unseen_models --backend pallas-interpret qwen fused   # on a CPU
 """
 
 import argparse
@@ -130,8 +132,42 @@ def scanned_stack(layers=4, D=1024, F=2816, dtype=jnp.float16):
     return model, (n(1, D) * 50, ws)
 
 
+def fused_decode(batch=2, heads=4, kv_heads=2, head_dim=16, ffn=128, cache=32):
+    """One decode step, fused weights: `x @ wqkv` split into q/k/v, `x @ wgu` into gate and up
+    (`jnp.split`), the new K/V row written at `pos` (`dynamic_update_slice`), a `where` mask
+    over the cache, GQA, SwiGLU; float16."""
+    d = heads * head_dim
+
+    def block(p, x, kc, vc, pos):
+        b = x.shape[0]
+        h = rms(x, p["ln1"])
+        q, k, v = jnp.split(h @ p["wqkv"], [d, d + kv_heads * head_dim], axis=-1)
+        k, v = k.reshape(b, 1, kv_heads, head_dim), v.reshape(b, 1, kv_heads, head_dim)
+        kc = jax.lax.dynamic_update_slice(kc, k, (0, pos, 0, 0))
+        vc = jax.lax.dynamic_update_slice(vc, v, (0, pos, 0, 0))
+        qg = q.reshape(b, kv_heads, heads // kv_heads, head_dim)
+        s = jnp.einsum("bkgd,bskd->bkgs", qg, kc) / np.sqrt(head_dim)
+        s = jnp.where((jnp.arange(cache) <= pos)[None, None, None], s, -1e9)
+        a = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(x.dtype)
+        x = x + jnp.einsum("bkgs,bskd->bkgd", a, vc).reshape(b, d) @ p["wo"]
+        g, u = jnp.split(rms(x, p["ln2"]) @ p["wgu"], 2, axis=-1)
+        return x + (jax.nn.silu(g) * u) @ p["wd"], kc, vc
+
+    rng = np.random.default_rng(5)
+
+    def n(*s):
+        return jnp.asarray(rng.standard_normal(s) * 0.1, jnp.float16)
+
+    p = {"ln1": jnp.ones((d,), jnp.float16), "ln2": jnp.ones((d,), jnp.float16),
+         "wqkv": n(d, (heads + 2 * kv_heads) * head_dim), "wo": n(d, d), "wgu": n(d, 2 * ffn),
+         "wd": n(ffn, d)}  # fmt: skip
+    kv = (batch, cache, kv_heads, head_dim)
+    return block, (p, n(batch, d), n(*kv), n(*kv), jnp.int32(5))
+
+
 def run(name, fn, args, backend=None):
-    """`fn(*args)` under mirage_jax.jit against jax.jit: first call's seconds, error, decisions."""
+    """`fn(*args)` under mirage_jax.jit against jax.jit: prints (and returns) the first call's
+    seconds, the largest error relative to each output's magnitude, and the decisions."""
     opts = {} if backend is None else {"backend": backend}
     with tempfile.TemporaryDirectory() as d:
         f = mirage_jax.jit(fn, cache=Path(d) / "c.sqlite", **opts)
@@ -158,11 +194,12 @@ def run(name, fn, args, backend=None):
                 f"  {body.last.name}:",
                 [(d.index, d.status, d.reason[:60]) for d in body.last.decisions],
             )
+        return t, err, rec.decisions
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="*", default=["qwen", "linen", "sdpa", "scan"])
+    p.add_argument("models", nargs="*", default=["qwen", "linen", "sdpa", "scan", "fused"])
     p.add_argument("--backend", default=None, help="mirage_jax.jit's backend (default: its own)")
     args = p.parse_args(argv)
     if "qwen" in args.models:
@@ -177,6 +214,9 @@ def main(argv=None):
     if "scan" in args.models:
         fn, xs = scanned_stack() if args.backend is None else scanned_stack(2, 64, 128)
         run("scan", fn, xs, args.backend)
+    if "fused" in args.models:
+        fn, xs = fused_decode()
+        run("fused", fn, xs, args.backend)
 
 
 if __name__ == "__main__":
