@@ -4,7 +4,8 @@ its own outputs from the canonical ones.
 The interface is `meta["interface"] = {"inputs": ((position, ops), ...), "outputs": (ops, ...),
 "shapes": (the region's own input shapes, by position)}`,
 ops a tuple of ("reshape", shape) / ("transpose", permutation) / ("broadcast", shape) (size-1
-axes widened) / ("scale", c) / ("shift", c) steps: canonical input k is the
+axes widened) / ("scale", c) / ("shift", c) / ("slice", (*starts, *limits)) (a static slice of a
+stored array, as `p["gating"][0]` takes one of two stacked weights) steps: canonical input k is the
 region's input `position` with `ops` applied; the region's output j is canonical output j with
 `ops` applied.
 
@@ -72,6 +73,9 @@ def apply_ops(x: Any, ops: Ops) -> Any:
             x = np.broadcast_to(x, arg) if isinstance(x, np.ndarray) else jnp.broadcast_to(x, arg)
         elif op == "shift":  # the input plus a constant, in its own dtype
             x = x + np.asarray(arg, dtype=x.dtype)
+        elif op == "slice":  # (*starts, *limits)
+            rank = len(arg) // 2
+            x = x[tuple(slice(a, b) for a, b in zip(arg[:rank], arg[rank:]))]
         else:  # ("scale", c): the input times a constant, in its own dtype
             x = x * np.asarray(arg, dtype=x.dtype)
     return x
@@ -90,7 +94,19 @@ class SplitView:
     runs: tuple[tuple[int, ...], ...]
 
 
-View = tuple[int, ...] | SplitView
+@dataclass(frozen=True)
+class OffsetView:
+    """`view` (a permutation or `SplitView`) of the block of a larger stored array that starts
+    `offset` elements into it: a static slice of one of stacked weights (Gemma's
+    `p["gating"][0]`, of shape `stored`, within the array of shape `array`), read in place."""
+
+    view: tuple[int, ...] | SplitView
+    offset: int
+    stored: tuple[int, ...]
+    array: tuple[int, ...]
+
+
+View = tuple[int, ...] | SplitView | OffsetView
 Views = dict[int, View]
 """Inputs a kernel reads in the layout they are stored in: position -> a permutation, the
 canonical input being `stored.transpose(permutation)`, or a `SplitView`."""
@@ -98,6 +114,8 @@ canonical input being `stored.transpose(permutation)`, or a `SplitView`."""
 
 def view_stored_shape(shape: Sequence[int], view: View) -> tuple[int, ...]:
     """The shape of the stored array that `view` reads as a canonical input of `shape`."""
+    if isinstance(view, OffsetView):
+        return view.array
     if isinstance(view, SplitView):
         flat = [s for run in view.runs for s in run]
         out = [0] * sum(q >= 0 for q in view.perm)
@@ -111,6 +129,9 @@ def view_stored_shape(shape: Sequence[int], view: View) -> tuple[int, ...]:
 def read_view(x: Any, view: View) -> Any:
     """The canonical input from the stored array `x` (numpy or jax), for a reader that cannot
     read it in place."""
+    if isinstance(view, OffsetView):
+        block = x.reshape(-1)[view.offset : view.offset + math.prod(view.stored)]
+        return read_view(block.reshape(view.stored), view.view)
     if isinstance(view, SplitView):
         flat = tuple(s for run in view.runs for s in run)
         x = x.transpose(tuple(q for q in view.perm if q >= 0))
@@ -123,6 +144,8 @@ def read_view(x: Any, view: View) -> Any:
 def write_view(y: Any, view: View) -> Any:
     """The stored array that `view` reads as the canonical `y` (`read_view`'s inverse), for a
     writer that cannot write it in place; `view` widens nothing (an output's)."""
+    if isinstance(view, OffsetView):
+        raise ValueError(f"{view}: an output is written whole, not into a block of an array")
     if isinstance(view, SplitView):
         if min(view.perm, default=0) < 0:
             raise ValueError(f"{view}: a widened part has no place to write")
@@ -142,7 +165,10 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 def view_strides(shape: Sequence[int], view: View) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Per canonical axis of `shape`, (size, stride in the stored array) of each stored axis it
-    is made of, outer first: a plain view's axes have one each."""
+    is made of, outer first: a plain view's axes have one each. An `OffsetView`'s block is a
+    leading slice: its strides are those of the block alone (`view_offset` says where it is)."""
+    if isinstance(view, OffsetView):
+        return view_strides(shape, view.view)
     if isinstance(view, SplitView):
         runs, perm = view.runs, view.perm
     else:
@@ -157,8 +183,16 @@ def view_strides(shape: Sequence[int], view: View) -> tuple[tuple[tuple[int, int
     return tuple(out)
 
 
+def view_offset(view: View | None) -> int:
+    """Elements from the stored array's start to the first one `view` reads (0 but for an
+    `OffsetView`)."""
+    return view.offset if isinstance(view, OffsetView) else 0
+
+
 def contiguous_axis(view: View) -> int:
     """The canonical axis whose innermost part is the stored array's contiguous axis."""
+    if isinstance(view, OffsetView):
+        return contiguous_axis(view.view)
     if isinstance(view, SplitView):
         last = view.perm.index(max(view.perm))
         ends = [len(r) for r in view.runs]

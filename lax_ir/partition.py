@@ -23,6 +23,7 @@ from lax_ir.layouts import hoist_layouts
 from lax_ir.ops import OPS
 from lax_ir.pieces import array_constants, constant_like, demotions, gemm_cuts, piece_labels
 from lax_ir.program import Node, Program, make_params
+from lax_ir.slices import absorb_slices
 
 SHIFT_PASS_THROUGH = ("broadcast_in_dim", "reshape", "convert", "transpose")
 
@@ -364,7 +365,8 @@ def _assemble(program: Program, cls: Classification, groups: dict[int, list[int]
             program, members, ins, outs, name=f"{program.meta.get('name', 'program')}.region{k}",
             copies=recomputed,
         )  # fmt: skip
-        regions.append(Region(k, members, tuple(ins), tuple(outs), sub, tuple(neighbours)))
+        region = Region(k, members, tuple(ins), tuple(outs), sub, tuple(neighbours))
+        regions.append(absorb_slices(program, region))
     return Partition(program, tuple(regions), residual, cls, tuple(order))
 
 

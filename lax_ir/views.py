@@ -23,7 +23,15 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from lax_ir.interface import Ops, SplitView, View, contiguous_axis, inverse
+from lax_ir.interface import (
+    OffsetView,
+    Ops,
+    SplitView,
+    View,
+    contiguous_axis,
+    inverse,
+    row_major_strides,
+)
 
 LAYOUT_STEPS = ("reshape", "transpose")
 
@@ -36,7 +44,23 @@ def shape_after(shape: Sequence[int], ops: Ops) -> tuple[int, ...]:
             out = tuple(arg)
         elif op == "transpose":
             out = tuple(out[p] for p in arg)
+        elif op == "slice":
+            rank = len(arg) // 2
+            out = tuple(b - a for a, b in zip(arg[:rank], arg[rank:]))
     return out
+
+
+def contiguous_block(shape: Sequence[int], arg: Sequence[int]) -> int | None:
+    """The offset in elements of the block a ("slice", (*starts, *limits)) step takes from a
+    row-major array of `shape`, where that block is contiguous in memory (unit extents, then
+    one axis sliced, then whole axes: one of stacked weights); else None."""
+    rank = len(shape)
+    starts, limits = arg[:rank], arg[rank:]
+    extents = [b - a for a, b in zip(starts, limits)]
+    first = next((d for d in range(rank) if extents[d] != 1), rank)
+    if any(extents[d] != shape[d] for d in range(first + 1, rank)):
+        return None
+    return sum(a * s for a, s in zip(starts, row_major_strides(shape)))
 
 
 class _Atoms:
@@ -190,7 +214,17 @@ def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, View] | None:
     where an axis is made of stored axes apart or widened by a broadcast among the steps that
     end `ops`, the kernel reads through), or None where the layout steps that end `ops` are no
     view or move no data, or the stored array's contiguous axis would not be the innermost
-    part of one of the tile's two (loads would not coalesce)."""
+    part of one of the tile's two (loads would not coalesce). Steps that start with a static
+    slice taking a contiguous block of the stored array (`contiguous_block`) read that block in
+    place too, through an `OffsetView`, the kernel given the whole array."""
+    if ops and ops[0][0] == "slice":
+        offset = contiguous_block(shape, ops[0][1])
+        block = shape_after(shape, ops[:1])
+        got = None if offset is None else input_view(block, ops[1:])
+        if got is None or any(op != "reshape" for op, _ in got[0]):
+            return None  # XLA slices (a copy) and lays the block out as it did before
+        inner = got[0][-1][1] if got[0] else block
+        return (), OffsetView(got[1], offset, tuple(inner), tuple(shape))
     prefix, suffix = _layout_tail(ops)
     start = shape_after(shape, prefix)
     got = view(start, suffix)

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lax_ir.interface import View, view_strides
+from lax_ir.interface import View, view_offset, view_strides
 from mirage_jax.lower.triton_rules import lane
 
 
@@ -37,8 +37,8 @@ def tile_access(
 
     An input with a `view` is stored as the array the µGraph reads through it (a weight read
     as Wᵀ, a cache stored (B, S, heads, D) read as Kᵀ per head, Gemma's (heads, D, head_dim)
-    query weight read as (D, heads * head_dim)): the same logical tile, read through the stored
-    array's strides. An axis made of stored axes apart (`SplitView`) is addressed per element,
+    query weight read as (D, heads * head_dim), one of stacked weights: `OffsetView`): the same
+    logical tile, read through the stored array's strides from the view's offset. An axis made of stored axes apart (`SplitView`) is addressed per element,
     by its digits of the index. The lanes have the rank of the tile without its first `drop`
     dims (each held once: `squeeze.squeezed`), which still place it through the grid."""
     sizes = tuple(d.size for d in dims)
@@ -50,7 +50,7 @@ def tile_access(
     def lane_of(k: int) -> str:
         return "0" if k < drop else lane(pads[drop:], k - drop)
 
-    base, step, offs = [], [], []
+    base, step, offs = ([str(view_offset(view))] if view_offset(view) else []), [], []
     split: list[tuple[int, Any, tuple[tuple[int, int], ...]]] = []
     for k, (d, dparts) in enumerate(zip(dims, parts)):
         if len(dparts) > 1:
