@@ -206,6 +206,8 @@ def _fmt_result(r: dict) -> str:
 
 def markdown(doc: dict) -> str:
     """The results table."""
+    from experiments.reproduce_common import commit_label
+
     m = doc["machine"]
     v = doc.get("versions", {})
     lines = [
@@ -215,7 +217,7 @@ def markdown(doc: dict) -> str:
         doc["method"],
         "",
         f"jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, tokamax {v.get('tokamax')}, cuDNN "
-        f"{v.get('cudnn')}, commit {str(v.get('git_commit'))[:10]}.",
+        f"{v.get('cudnn')}, commit {commit_label(v)}.",
         "",
         "| model | size | batch | contender | µs (p10–p90) | speedup over jax.jit | result |",
         "|---|---|---|---|---|---|---|",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import subprocess
 from collections.abc import Sequence
@@ -93,7 +94,23 @@ def versions() -> dict[str, Any]:
             out["git_dirty"] = bool(dirty.stdout.strip())
     except Exception:
         pass
+    if os.environ.get(COMMIT_ENV):  # a copy whose git metadata is not the code's (the device)
+        out["git_commit"], out["git_dirty"] = os.environ[COMMIT_ENV], False
+        out["commit_from"] = COMMIT_ENV
     return out
+
+
+COMMIT_ENV = "MIRAGE_JAX_COMMIT"
+"""Set to the commit of the code being run where the working tree's git metadata is not that
+code's: the device tool copies the working tree with the `.git` of the session's start, so
+`git rev-parse HEAD` there names an older commit (and `git_dirty` is true)."""
+
+
+def commit_label(v: dict[str, Any]) -> str:
+    """`versions()`' commit for a results file: its first 10 digits, and whether the working
+    tree differed from it."""
+    label = str(v.get("git_commit"))[:10]
+    return label + (" with uncommitted changes" if v.get("git_dirty") else "")
 
 
 def find_peer(peer: str | Path | None) -> Path | None:

@@ -241,3 +241,22 @@ def test_reproduce_phase_real_runs_the_real_baselines(tmp_path, monkeypatch):
     (argv,) = seen
     assert argv[argv.index("--out") + 1] == str(tmp_path) and "--resume" in argv
     assert argv[argv.index("--stop-after-s") + 1] == "400.0"
+
+
+def test_results_name_the_commit_that_ran(monkeypatch):
+    """A results file says when the working tree differed from the commit it names, and takes
+    the commit from MIRAGE_JAX_COMMIT where the copy's git metadata is not the code's (the
+    device tool's copy keeps the session's first `.git`)."""
+    from experiments.reproduce_common import COMMIT_ENV, commit_label, versions
+
+    assert commit_label({"git_commit": "0123456789abc", "git_dirty": True}) == (
+        "0123456789 with uncommitted changes"
+    )
+    assert commit_label({"git_commit": "0123456789abc", "git_dirty": False}) == "0123456789"
+    monkeypatch.setenv(COMMIT_ENV, "feedfacecafe")
+    v = versions()
+    assert (v["git_commit"], v["git_dirty"], v["commit_from"]) == (
+        "feedfacecafe",
+        False,
+        COMMIT_ENV,
+    )
