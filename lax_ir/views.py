@@ -220,9 +220,15 @@ def input_view(shape: Sequence[int], ops: Ops) -> tuple[Ops, View] | None:
     if ops and ops[0][0] == "slice":
         offset = contiguous_block(shape, ops[0][1])
         block = shape_after(shape, ops[:1])
-        got = None if offset is None else input_view(block, ops[1:])
+        if offset is None:
+            return None  # XLA slices (a copy) and lays the block out, as before
+        rest = ops[1:]
+        if all(op == "reshape" for op, _ in rest):  # the block as it lies, reshaped (free)
+            final = shape_after(block, rest)
+            return (), OffsetView(tuple(range(len(final))), offset, final, tuple(shape))
+        got = input_view(block, rest)
         if got is None or any(op != "reshape" for op, _ in got[0]):
-            return None  # XLA slices (a copy) and lays the block out as it did before
+            return None
         inner = got[0][-1][1] if got[0] else block
         return (), OffsetView(got[1], offset, tuple(inner), tuple(shape))
     prefix, suffix = _layout_tail(ops)

@@ -35,23 +35,31 @@ def test_one_of_stacked_weights_transposed_is_an_offset_view(index):
     assert view_stored_shape((8, 12), view) == (2, 12, 8)
     w = np.arange(2 * 12 * 8).reshape(2, 12, 8)
     np.testing.assert_array_equal(read_view(w, view), apply_ops(w, ops))
+    # the block as it lies (`w[index]`, no transpose): read in place too, an identity view
+    steps, view = input_view((2, 12, 8), ops[:2])
+    assert steps == () and view == OffsetView((0, 1), index * 96, (12, 8), (2, 12, 8))
+    np.testing.assert_array_equal(read_view(w, view), apply_ops(w, ops[:2]))
     # a slice that is no contiguous block stays XLA's (a copy), as before
     assert input_view((2, 12, 8), (("slice", (0, 0, 0, 2, 12, 4)), *ops[1:])) is None
 
 
 @pytest.mark.parametrize("backend", ["triton", "pallas-interpret"])
 @pytest.mark.parametrize("index", [0, 2])
-def test_a_weight_read_through_an_offset_view_gives_the_plain_outputs(backend, index):
-    """x (4, 64) @ W (64, 128) with W = stored[index].T, stored (3, 128, 64): Triton reads the
-    block in place from its offset (interpreted here), Pallas gets it laid out by XLA."""
+@pytest.mark.parametrize("transposed", [True, False])
+def test_a_weight_read_through_an_offset_view_gives_the_plain_outputs(backend, index, transposed):
+    """x (4, 64) @ W (64, 128) with W = stored[index].T, stored (3, 128, 64), or W =
+    stored[index], stored (3, 64, 128): Triton reads the block in place from its offset
+    (interpreted here), Pallas gets it laid out by XLA."""
     if backend == "triton":
         pytest.importorskip("triton")
     g = _projection()
     rng = np.random.default_rng(index)
     x = rng.standard_normal((4, 64)).astype(np.float32)
-    stored = rng.standard_normal((3, 128, 64)).astype(np.float32)
-    view = OffsetView((1, 0), index * 128 * 64, (128, 64), (3, 128, 64))
-    (want,) = evaluate_reference(g, x, np.ascontiguousarray(stored[index].T))
+    block = (128, 64) if transposed else (64, 128)
+    stored = rng.standard_normal((3, *block)).astype(np.float32)
+    view = OffsetView((1, 0) if transposed else (0, 1), index * 128 * 64, block, (3, *block))
+    w = stored[index].T if transposed else stored[index]
+    (want,) = evaluate_reference(g, x, np.ascontiguousarray(w))
     (got,) = lower(g, backend=backend, interpret=True, views={1: view})(x, stored)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
     if backend == "triton":
