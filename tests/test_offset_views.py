@@ -106,3 +106,19 @@ def test_stacked_weights_reach_the_region_whole_and_its_kernel_reads_them_in_pla
     np.testing.assert_allclose(
         np.asarray(got).reshape(-1), np.asarray(want).reshape(-1), 1e-4, 1e-4
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transposed", [True, False])
+def test_gpu_triton_reads_one_of_stacked_weights_in_place(transposed):
+    """The same projection through jax-triton on the GPU: the block read from its offset."""
+    g = _projection("float16")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 64)).astype(np.float16)
+    block = (128, 64) if transposed else (64, 128)
+    stored = (rng.standard_normal((3, *block)) * 0.1).astype(np.float16)
+    view = OffsetView((1, 0) if transposed else (0, 1), 2 * 128 * 64, block, (3, *block))
+    w = stored[2].T if transposed else stored[2]
+    (want,) = evaluate_reference(g, x, np.ascontiguousarray(w))
+    (got,) = lower(g, backend="triton", views={1: view})(jnp.asarray(x), jnp.asarray(stored))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
