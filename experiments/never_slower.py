@@ -40,6 +40,7 @@ import numpy as np
 if not __package__:  # python experiments/X.py: see experiments/_path.py
     import _path  # noqa: F401
 
+from experiments import reproduce_common
 from experiments.errors import max_rel_error
 from mirage_jax.search.workers import default_workers
 
@@ -242,6 +243,8 @@ def _with(doc: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
+    from experiments.reproduce_common import commit_label
+
     m = doc["machine"]
     lines = [
         f"# mirage_jax.jit against jax.jit, fresh cache ({doc['date']}, {m['device']})",
@@ -250,7 +253,8 @@ def markdown(doc: dict) -> str:
         f"kernel durations per call from a profiler trace, rotating input sets, median of "
         f"{doc['calls']} calls); `mirage_jax.jit` with an empty cache and its own search "
         f"({doc['workers']} workers, default budget{_with(doc)}), jax {m['jax']}, "
-        f"Python {m['python']}.",
+        f"Python {m['python']}"
+        + (f", commit {commit_label(doc['versions'])}." if doc.get("versions") else "."),
         "",
         "| program | first call (s) | jax.jit (µs) | mirage_jax.jit (µs) | speedup | kernels | "
         "per region (µGraph / XLA µs) | whole-function check | matches |",
@@ -345,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
             "jax": jax.__version__,
             "python": platform.python_version(),
         },
+        "versions": reproduce_common.versions(),
         "calls": args.calls,
         "workers": args.workers,
         "options": options(args),
