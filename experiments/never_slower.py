@@ -243,8 +243,6 @@ def _with(doc: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    from experiments.reproduce_common import commit_label
-
     m = doc["machine"]
     lines = [
         f"# mirage_jax.jit against jax.jit, fresh cache ({doc['date']}, {m['device']})",
@@ -254,7 +252,11 @@ def markdown(doc: dict) -> str:
         f"{doc['calls']} calls); `mirage_jax.jit` with an empty cache and its own search "
         f"({doc['workers']} workers, default budget{_with(doc)}), jax {m['jax']}, "
         f"Python {m['python']}"
-        + (f", commit {commit_label(doc['versions'])}." if doc.get("versions") else "."),
+        + (
+            f", commit {reproduce_common.commit_label(doc['versions'])}."
+            if doc.get("versions")
+            else "."
+        ),
         "",
         "| program | first call (s) | jax.jit (µs) | mirage_jax.jit (µs) | speedup | kernels | "
         "per region (µGraph / XLA µs) | whole-function check | matches |",

@@ -43,6 +43,20 @@ def test_one_of_stacked_weights_transposed_is_an_offset_view(index):
     assert input_view((2, 12, 8), (("slice", (0, 0, 0, 2, 12, 4)), *ops[1:])) is None
 
 
+def _stacked_case(index, transposed, dtype, seed, scale=1.0):
+    """(µGraph, x, view, stored, reference) of x (4, 64) @ W (64, 128) with W = stored[index].T,
+    stored (3, 128, 64), or W = stored[index], stored (3, 64, 128)."""
+    g = _projection(dtype)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, 64)).astype(dtype)
+    block = (128, 64) if transposed else (64, 128)
+    stored = (rng.standard_normal((3, *block)) * scale).astype(dtype)
+    view = OffsetView((1, 0) if transposed else (0, 1), index * 128 * 64, block, (3, *block))
+    w = stored[index].T if transposed else stored[index]
+    (want,) = evaluate_reference(g, x, np.ascontiguousarray(w))
+    return g, x, view, stored, want
+
+
 @pytest.mark.parametrize("backend", ["triton", "pallas-interpret"])
 @pytest.mark.parametrize("index", [0, 2])
 @pytest.mark.parametrize("transposed", [True, False])
@@ -52,14 +66,7 @@ def test_a_weight_read_through_an_offset_view_gives_the_plain_outputs(backend, i
     (interpreted here), Pallas gets it laid out by XLA."""
     if backend == "triton":
         pytest.importorskip("triton")
-    g = _projection()
-    rng = np.random.default_rng(index)
-    x = rng.standard_normal((4, 64)).astype(np.float32)
-    block = (128, 64) if transposed else (64, 128)
-    stored = rng.standard_normal((3, *block)).astype(np.float32)
-    view = OffsetView((1, 0) if transposed else (0, 1), index * 128 * 64, block, (3, *block))
-    w = stored[index].T if transposed else stored[index]
-    (want,) = evaluate_reference(g, x, np.ascontiguousarray(w))
+    g, x, view, stored, want = _stacked_case(index, transposed, "float32", seed=index)
     (got,) = lower(g, backend=backend, interpret=True, views={1: view})(x, stored)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
     if backend == "triton":
@@ -112,13 +119,6 @@ def test_stacked_weights_reach_the_region_whole_and_its_kernel_reads_them_in_pla
 @pytest.mark.parametrize("transposed", [True, False])
 def test_gpu_triton_reads_one_of_stacked_weights_in_place(transposed):
     """The same projection through jax-triton on the GPU: the block read from its offset."""
-    g = _projection("float16")
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((4, 64)).astype(np.float16)
-    block = (128, 64) if transposed else (64, 128)
-    stored = (rng.standard_normal((3, *block)) * 0.1).astype(np.float16)
-    view = OffsetView((1, 0) if transposed else (0, 1), 2 * 128 * 64, block, (3, *block))
-    w = stored[2].T if transposed else stored[2]
-    (want,) = evaluate_reference(g, x, np.ascontiguousarray(w))
+    g, x, view, stored, want = _stacked_case(2, transposed, "float16", seed=1, scale=0.1)
     (got,) = lower(g, backend="triton", views={1: view})(jnp.asarray(x), jnp.asarray(stored))
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)

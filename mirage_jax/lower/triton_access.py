@@ -50,7 +50,8 @@ def tile_access(
     def lane_of(k: int) -> str:
         return "0" if k < drop else lane(pads[drop:], k - drop)
 
-    base, step, offs = ([str(view_offset(view))] if view_offset(view) else []), [], []
+    offset = view_offset(view)
+    base, step, offs = ([str(offset)] if offset else []), [], []
     split: list[tuple[int, Any, tuple[tuple[int, int], ...]]] = []
     for k, (d, dparts) in enumerate(zip(dims, parts)):
         if len(dparts) > 1:
