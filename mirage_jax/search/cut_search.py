@@ -29,7 +29,7 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             stats["stopped"] = "time"
             break
         stats["sets_tried"] += 1
-        parts, loop_free, split = {}, {}, {}
+        parts, loop_free, split, own = {}, {}, {}, {}
         for out in [*sorted(cs), *program.outputs]:
             sub, sources = cut_mod.piece(program, out, cs)
             key = sub.canonical_hash
@@ -52,6 +52,7 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             parts[out] = (r.best, sources)
             loop_free[out] = (next((m for m in r.mugraphs if _loop_free(m)), r.best), sources)
             split[out] = (next((m for m in r.mugraphs if _split_pair(m)), r.best), sources)
+            own[out] = (next((m for m in r.mugraphs if _own_kernels(m)), r.best), sources)
         else:
             got = _stitched(program, cs, parts, budget, seed, stats)
             if got is None:
@@ -65,9 +66,14 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
             found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
             found += _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats)
+            found += _own_launch(program, cs, parts, own, budget, seed, target, device, stats)
             if budget.reread:
                 found += _split_levels(program, cs, parts, split, budget, seed, device, stats)
-            break  # the first working cut set (smallest, nearest the inputs) is kept
+            if cs:
+                break  # the first working cut set (smallest, nearest the inputs) is kept
+            # One kernel per output recomputes the shared prologue in every block; the first
+            # working cut materialises it once (a norm's rounded row read by plain GEMVs), and
+            # the two compete in `select`.
     return found, stats
 
 
@@ -94,6 +100,31 @@ def _split_levels(program, cs, parts, split, budget, seed, device, stats) -> lis
     if all(len(lv) < 2 for lv in g.dependency_levels()):
         return []
     return [_one_launch(g, _stitched_meta(program, cs, v), desc, device)]
+
+
+def _own_kernels(g: MuGraph) -> bool:
+    """Is every kernel of `g` graph-defined (no pre-defined GEMM, which no launch can share)?"""
+    return all(op.op == "input" or op.block_graph is not None for op in g.ops)
+
+
+def _own_launch(program, cs, parts, own, budget, seed, target, device, stats) -> list:
+    """The pieces' best µGraphs of graph-defined kernels only, stitched, and launched one
+    dependency level at a time where a level has several kernels, where that differs from
+    the stitch of their best ones: a cut's projections whose best piece is a pre-defined GEMM
+    with its epilogue can then run as one launch of GEMVs after the prologue's kernel."""
+    if all(own[o][0] is parts[o][0] for o in parts):
+        return []
+    got = _stitched(program, cs, own, budget, seed, stats)
+    if got is None:
+        return []
+    g, v = got
+    stats["stitched"] += 1
+    desc = f"cut at %{','.join(map(str, cs))}, own kernels: " + _structures(program, cs, own)
+    meta = _stitched_meta(program, cs, v)
+    c = cost_model.estimate(g, device)
+    meta_own = {**meta, "structure": desc, "cost": c.to_dict()}
+    own_g = (c.seconds, MuGraph(g.ops, g.outputs, meta_own), desc)
+    return [own_g, *_fused(g, program, meta, desc, budget, seed, target, device, stats)]
 
 
 def _loop_free(g: MuGraph) -> bool:
@@ -180,6 +211,8 @@ def _fused(
     if hfuse.fusible(g):  # the same kernels, each with its own tiling, as one launch
         d = "one launch for all outputs: " + desc.split(": ", 1)[-1]
         out.append(_one_launch(g, meta, d, device))
+    elif any(len(level) > 1 for level in g.dependency_levels()):  # a cut's prologue first
+        out.append(_one_launch(g, meta, "one launch per level: " + desc, device))
     for cost_s, f in hfuse.fused_variants(g, target, device, keep=FUSED_KEPT):
         v = fields.verify(f, program, trials=budget.trials, seed=seed)
         if not v:

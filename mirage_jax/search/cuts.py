@@ -19,6 +19,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+import numpy as np
+
 from lax_ir.program import Node, Program, make_params
 from mirage_jax.mugraph import MuGraph, MuGraphBuilder
 
@@ -43,8 +45,28 @@ def computed_matmul_args(program: Program) -> list[tuple[int, int]]:
 
 
 def cut_candidates(program: Program) -> list[int]:
-    """Computed nodes a matmul reads (through converts and broadcasts), nearest inputs first."""
-    return sorted({source for _, source in computed_matmul_args(program)})
+    """Computed nodes a matmul reads (through converts and broadcasts), nearest inputs first;
+    where a convert narrows the value on the way (a float32 norm rounded to float16 for its
+    projection), the convert: the piece then stores what the matmul reads, in half the bytes,
+    and the matmul's piece reads the dtype its kernel expects."""
+    return sorted(
+        {_narrowest(program, arg, source) for arg, source in computed_matmul_args(program)}
+    )
+
+
+def _narrowest(program: Program, arg: int, source: int) -> int:
+    """The narrowing convert nearest the matmul between `arg` and `source`, else `source`."""
+    nodes = program.nodes
+    b = arg
+    while b != source:
+        n = nodes[b]
+        if (
+            n.op == "convert"
+            and np.dtype(n.dtype).itemsize < np.dtype(nodes[n.args[0]].dtype).itemsize
+        ):
+            return b
+        b = n.args[0]
+    return source
 
 
 def cut_sets(program: Program, max_cuts: int) -> list[tuple[int, ...]]:
