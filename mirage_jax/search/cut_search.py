@@ -24,6 +24,7 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
     memo: dict[str, Any] = {}  # piece hash -> its SearchResult
     found = []
     stats: dict[str, Any] = {"sets_tried": 0, "pieces_searched": 0, "stitched": 0, "failed": 0}
+    per_output = False  # has the empty cut set (one kernel per output) been stitched?
     for cs in cut_mod.cut_sets(program, budget.max_kernels - 1):
         if time.monotonic() > deadline:
             stats["stopped"] = "time"
@@ -54,6 +55,12 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             split[out] = (next((m for m in r.mugraphs if _split_pair(m)), r.best), sources)
             own[out] = (next((m for m in r.mugraphs if _own_kernels(m)), r.best), sources)
         else:
+            if per_output:  # one kernel per output worked: this cut is its one rival
+                got = _own_launch(program, cs, own, budget, seed, target, device, stats)
+                if not got:
+                    continue
+                found += got
+                break
             got = _stitched(program, cs, parts, budget, seed, stats)
             if got is None:
                 continue
@@ -66,14 +73,15 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
             found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
             found += _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats)
-            found += _own_launch(program, cs, parts, own, budget, seed, target, device, stats)
             if budget.reread:
                 found += _split_levels(program, cs, parts, split, budget, seed, device, stats)
             if cs:
                 break  # the first working cut set (smallest, nearest the inputs) is kept
             # One kernel per output recomputes the shared prologue in every block; the first
-            # working cut materialises it once (a norm's rounded row read by plain GEMVs), and
-            # the two compete in `select`.
+            # working cut after it materialises the prologue once (a norm's rounded row, read
+            # by plain GEMVs), stitched from the pieces' own kernels only: the two compete in
+            # `select` (equinox's 7B norm + gate/up on the H200: 49.5 against 51.0 µs).
+            per_output = True
     return found, stats
 
 
@@ -107,13 +115,10 @@ def _own_kernels(g: MuGraph) -> bool:
     return all(op.op == "input" or op.block_graph is not None for op in g.ops)
 
 
-def _own_launch(program, cs, parts, own, budget, seed, target, device, stats) -> list:
-    """The pieces' best µGraphs of graph-defined kernels only, stitched, and launched one
-    dependency level at a time where a level has several kernels, where that differs from
-    the stitch of their best ones: a cut's projections whose best piece is a pre-defined GEMM
-    with its epilogue can then run as one launch of GEMVs after the prologue's kernel."""
-    if all(own[o][0] is parts[o][0] for o in parts):
-        return []
+def _own_launch(program, cs, own, budget, seed, target, device, stats) -> list:
+    """The pieces' best µGraphs of graph-defined kernels only (a piece without one keeps its
+    best), stitched, and launched one dependency level at a time where a level has several
+    kernels (the projections after their prologue's kernel); [] where the stitch fails."""
     got = _stitched(program, cs, own, budget, seed, stats)
     if got is None:
         return []

@@ -1,0 +1,75 @@
+"""A norm's rounded row materialised once, read by plain projections (`cut_search`).
+
+Equinox's RMSNorm computes in float32 and rounds the normalised row to float16 before its
+projections. One kernel per output recomputes the norm in every block; the rival cut stores
+the rounded row (the narrowing convert, `cuts.cut_candidates`) and the projections read it as
+plain GEMVs, launched together after the norm's kernel. Run in the interpreters on the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mirage_jax.lower import lower
+from tests.conftest import interpret_backends
+
+
+def gate_up(x, g, w1, w2):
+    """Equinox-style: the norm and its gain in float32, rounded once for two projections."""
+    import jax
+    import jax.numpy as jnp
+
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6)
+    h = (h * g.astype(jnp.float32)).astype(jnp.float16)
+    return jax.nn.silu(h @ w1), h @ w2
+
+
+def _region():
+    import jax
+    import jax.numpy as jnp
+
+    import lax_ir
+
+    S = jax.ShapeDtypeStruct
+    d, n = 256, 256
+    specs = [S((1, d), jnp.float16), S((1, d), jnp.float16)]
+    specs += [S((d, n), jnp.float16), S((d, n), jnp.float16)]
+    (region,) = lax_ir.partition(lax_ir.capture(gate_up, *specs)).regions
+    return region.program
+
+
+def test_the_cut_is_the_narrowing_convert():
+    from mirage_jax.search.cuts import cut_candidates
+
+    program = _region()
+    (cut,) = cut_candidates(program)
+    node = program.nodes[cut]
+    assert node.op == "convert" and str(node.dtype) == "float16", node
+
+
+def test_the_reread_search_offers_the_cut_beside_one_kernel_per_output():
+    import lax_ir
+    from mirage_jax.search import Budget, search
+    from mirage_jax.select import random_inputs
+
+    program = _region()
+    res = search(program, budget=Budget(time_s=60, reread=True), seed=0, workers=1)
+    structures = [g.meta["structure"] for g in res.mugraphs]
+    assert any(s.startswith("one kernel per output") or "all outputs" in s for s in structures)
+    cut = [g for g in res.mugraphs if "own kernels" in g.meta["structure"]]
+    assert cut, structures
+    levelled = [g for g in cut if g.meta["structure"].startswith("one launch per level")]
+    assert levelled, [g.meta["structure"] for g in cut]
+    g = levelled[0]
+    assert g.meta["verified"] == "full"
+    assert [len(lv) for lv in g.dependency_levels()] == [1, 2]  # the norm, then both GEMVs
+    assert all(op.block_graph is not None for op in g.ops if op.op != "input")
+    xs = random_inputs(program, 0)
+    want = lax_ir.evaluate_reference(program, *xs)
+    for backend in interpret_backends():
+        got = lower(g, backend=backend, interpret=True)(*xs)
+        for o, w in zip(got, want):
+            w = np.asarray(w, np.float64)
+            err = np.max(np.abs(np.asarray(o, np.float64) - w)) / np.max(np.abs(w))
+            assert err < 2e-2, (backend, err)
