@@ -8,6 +8,7 @@ the tiles' rank, an online softmax's reference max) ride in its meta (`kernel_gr
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -181,6 +182,12 @@ WIDE_TILE_ELEMENTS = 1 << 14
 step in a `wide_variants` variant: 32 KB in fp16, so that three pipelining stages leave room
 for two blocks per SM."""
 
+WIDE_NK_TILE_ELEMENTS = (1 << 14, 1 << 12)
+"""The tile sizes (elements a block and step) a weight stored [N, K] is re-tiled to: 32 rows
+of 128 columns (8 KB) read the down projection of equinox's 7B layer, [4096, 11008] split 43
+ways, at 26.2-26.4 µs on the H200 where 128 rows took 30.0 (`gemv_probe_h200_2026-11-28_nk`,
+`never_slower_h200_2026-11-28_s33_eqx7b_b1_wide`); gate/up's best kept the larger tile."""
+
 WIDE_MIN_BYTES = 1 << 20
 """`wide_variants` re-tiles only µGraphs whose kernels' largest inputs (weights) add up to at
 least this many bytes, and in them each kernel whose weights make at least half of what it
@@ -202,13 +209,18 @@ def sm_count() -> int:
 
 
 def _wide_numbers(
-    g: MuGraph, op: Any, row_bytes: int, contiguous: Mapping[int, int]
+    g: MuGraph,
+    op: Any,
+    row_bytes: int,
+    contiguous: Mapping[int, int],
+    nk_tile: int = WIDE_TILE_ELEMENTS,
 ) -> tuple[tuple[int, ...], int] | None:
     """(grid, loop) for a kernel whose largest input (a weight) is then read in tiles
     `row_bytes` wide along its stored rows and `WIDE_TILE_ELEMENTS` in all per loop step; None
     where the kernel is no decode GEMV (its weights less than half of what it reads), reads
     them `row_bytes` wide already, or its maps do not allow it. A weight stored [N, K] (the loop
-    along its stored rows, the grid over N: equinox's `Linear`) gets fewer rows a block.
+    along its stored rows, the grid over N: equinox's `Linear`) gets fewer rows a block, as
+    many as make its step's tiles `nk_tile` elements.
     `contiguous`: region input -> its axis contiguous in memory, where it is not the last (an
     input read in place through a view: `cost.stored_axes`)."""
     import numpy as np
@@ -237,7 +249,7 @@ def _wide_numbers(
             if len(other) > 1 or other[0] not in w.imap:
                 return None
             axis = w.imap.index(other[0])
-            rows = min(w.shape[other[0]] // grid[axis], WIDE_TILE_ELEMENTS // len(like) // width)
+            rows = min(w.shape[other[0]] // grid[axis], nk_tile // len(like) // width)
             if w.shape[other[0]] % rows:
                 return None
             grid[axis] = w.shape[other[0]] // rows
@@ -276,10 +288,10 @@ def wide_variants(
     group = g.grouped_kernels()
     out: list[tuple[str, MuGraph]] = []
     seen = set()
-    for row_bytes in WIDE_ROW_BYTES:
+    for row_bytes, nk_tile in itertools.product(WIDE_ROW_BYTES, WIDE_NK_TILE_ELEMENTS):
         numbers = {}
         for i, op in g.graph_defined():
-            n = _wide_numbers(g, op, row_bytes, contiguous or {})
+            n = _wide_numbers(g, op, row_bytes, contiguous or {}, nk_tile)
             if n is not None and n != (tuple(op.block_graph.grid), op.block_graph.forloop_range):
                 numbers[i] = n
         if not numbers:
@@ -303,8 +315,10 @@ def wide_variants(
         if key in seen:
             continue
         seen.add(key)
-        label = f"weights read {row_bytes} B wide" + (
-            f", loop in {splits} parts" if splits > 1 else ""
+        label = (
+            f"weights read {row_bytes} B wide"
+            + (f" ({nk_tile // 1024}K-element tiles)" if nk_tile != WIDE_TILE_ELEMENTS else "")
+            + (f", loop in {splits} parts" if splits > 1 else "")
         )
         out.append((label, h))
     return out

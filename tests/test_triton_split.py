@@ -230,16 +230,24 @@ def test_wide_variants_read_a_decode_weight_in_wide_tiles():
 def test_wide_variants_give_a_weight_stored_n_by_k_fewer_rows_and_wider_steps():
     """A weight read in place as Wᵀ (stored [N, K], equinox's `Linear`): the loop walks its
     stored rows 64 wide (128 B); the 256 B variant takes 128-element steps and 128 rows a block
-    (its tile 32 KB), the 128 B one is refused (already that wide)."""
+    (its tile 32 KB) or 4K-element tiles (four times the blocks), the 128 B one is refused
+    (already that wide)."""
     g = two_norm_gemms(n=2048, k=1024, grid=8, loop=16)
     variants = dict(wide_variants(g, "triton", {2: 0, 3: 0}))
-    assert list(variants) == ["weights read 256 B wide, loop in 8 parts"]
-    h = variants["weights read 256 B wide, loop in 8 parts"]
-    numbers = [(op.block_graph.grid, op.block_graph.forloop_range) for _, op in h.graph_defined()]
-    assert numbers == [((16,), 8), ((8,), 8)]
+    wide, narrow = (
+        "weights read 256 B wide, loop in 8 parts",
+        "weights read 256 B wide (4K-element tiles), loop in 4 parts",
+    )
+    assert list(variants) == [wide, narrow]
     xs = _inputs(g)
-    for a, b in zip(evaluate_reference(h, *xs), evaluate_reference(g, *xs)):
-        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+    for label, want in ((wide, [((16,), 8), ((8,), 8)]), (narrow, [((32,), 8), ((64,), 8)])):
+        h = variants[label]
+        numbers = [
+            (op.block_graph.grid, op.block_graph.forloop_range) for _, op in h.graph_defined()
+        ]
+        assert numbers == want, label
+        for a, b in zip(evaluate_reference(h, *xs), evaluate_reference(g, *xs)):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.gpu
