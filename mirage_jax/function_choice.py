@@ -164,12 +164,18 @@ class FunctionChoice:
             for k, d in as_kernels.items():
                 if k not in impls:
                     impls[k] = owner._kernel(part, part.regions[k], d, self.backend)
-            if any(isinstance(impls[k], str) for k in subset):
+            failed = {k: impls[k] for k in subset if isinstance(impls[k], str)}
+            if failed:
+                for k, why in failed.items():
+                    logger.info("%s: region %d's runner-up not tried: %s", self.name, k, why)
                 return None
             asm = assembled[subset] = owner._assemble(
                 self.program, part, {k: impls[k] for k in subset}, self.backend
             )
             if asm.skipped or not asm.substituted:
+                why = "; ".join(f"region {k}: {w}" for k, w in asm.skipped.items()) or "none"
+                logger.info("%s: runner-ups %s not tried: not substituted (%s)", self.name,
+                            sorted(as_kernels), why)  # fmt: skip
                 return None
             chosen = [as_kernels.get(d.index, d) for d in decisions if d.index in subset]
             c = self.check(chosen, asm.fn, xla_us=known["xla_us"])
