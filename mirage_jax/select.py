@@ -504,9 +504,10 @@ def select(
     runner_up = None
     if near > 0 and best[0] <= xla_us * (1.0 + near):
         close = xla_us * (1.0 + near) + 1e-9
+        # a variant timed unverified (`wide_variants`) is verified now, like a winner
         found = (
             _verify_fastest(contenders, program, verify_trials, seed, phase, close)
-            if late
+            if late or unverified
             else best
         )
         runner_up = None if found is None else found[1]

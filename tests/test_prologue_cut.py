@@ -48,12 +48,23 @@ def test_the_cut_is_the_narrowing_convert():
     assert node.op == "convert" and str(node.dtype) == "float16", node
 
 
-def test_the_reread_search_offers_the_cut_beside_one_kernel_per_output():
-    import lax_ir
+def test_a_small_region_does_not_pay_for_the_rival_cut():
     from mirage_jax.search import Budget, search
+
+    program = _region()  # 256 KB of weights: under `RIVAL_CUT_MIN_BYTES`
+    res = search(program, budget=Budget(time_s=60, reread=True), seed=0, workers=1)
+    structures = [g.meta["structure"] for g in res.mugraphs]
+    assert any("all outputs" in s for s in structures), structures
+    assert not [s for s in structures if "own kernels" in s]
+
+
+def test_the_reread_search_offers_the_cut_beside_one_kernel_per_output(monkeypatch):
+    import lax_ir
+    from mirage_jax.search import Budget, cut_search, search
     from mirage_jax.select import random_inputs
 
     program = _region()
+    monkeypatch.setattr(cut_search, "RIVAL_CUT_MIN_BYTES", 0)  # as a 7B layer's regions
     res = search(program, budget=Budget(time_s=60, reread=True), seed=0, workers=1)
     structures = [g.meta["structure"] for g in res.mugraphs]
     assert any(s.startswith("one kernel per output") or "all outputs" in s for s in structures)

@@ -8,6 +8,7 @@ memory floor) or missing; each piece is searched by the driver's own `search`, w
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -80,9 +81,31 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
             # One kernel per output recomputes the shared prologue in every block; the first
             # working cut after it materialises the prologue once (a norm's rounded row, read
             # by plain GEMVs), stitched from the pieces' own kernels only: the two compete in
-            # `select` (equinox's 7B norm + gate/up on the H200: 49.5 against 51.0 µs).
-            per_output = True
+            # `select` where the region is large enough to pay the cut's search
+            # (`RIVAL_CUT_MIN_BYTES`).
+            per_output = _input_bytes(program) >= RIVAL_CUT_MIN_BYTES
+            if not per_output:
+                break
     return found, stats
+
+
+RIVAL_CUT_MIN_BYTES = 32 << 20
+"""A region whose one-kernel-per-output stitch works also gets its first cut, as a rival,
+only where its inputs take at least this many bytes: there the cut's extra launch (the norm's
+kernel, about 1.5 µs) is small beside the GEMVs, and its search (about 5-10 s of the first
+call at Llama-7B size, `never_slower_h200_2026-11-29_s34*`) buys something. On the H200
+(2026-11-29) equinox's 7B norm + gate/up ran 49.3-49.5 µs cut against 51.9-52.8 without,
+its norm + Q/K/V 16.5 against 17.1; the realistic blocks' regions (3-12 MB) are below it."""
+
+
+def _input_bytes(program: Program) -> int:
+    """The bytes of a region's inputs (its weights, at decode)."""
+    import numpy as np
+
+    return sum(
+        math.prod(program.nodes[i].shape) * np.dtype(program.nodes[i].dtype).itemsize
+        for i in program.inputs
+    )
 
 
 def _split_pair(g: MuGraph) -> bool:
