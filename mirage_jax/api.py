@@ -50,6 +50,7 @@ from mirage_jax.regions import (
     region_avals,
     region_kernel,
     reread_option,
+    search_order,
 )
 from mirage_jax.regions import SearchOutcome as SearchOutcome
 from mirage_jax.regions import SearchUnavailable as SearchUnavailable
@@ -378,7 +379,7 @@ class MirageJit:
             return tuple(decisions), replacements
         resolver = Resolver(self, backend)
         found = {r.index: resolver.lookup(r) for r in pending}
-        misses = [r for r in pending if found[r.index] is None]
+        misses = search_order([r for r in pending if found[r.index] is None])
         if misses and self.opts.search == "auto":
             from mirage_jax.progress import progress_bar
 

@@ -571,9 +571,9 @@ def two_region_inputs() -> list[np.ndarray]:
 
 
 def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
-    """The regions' searches run in a background thread, in region order (one at a time with
-    one worker), and each region is selected from its own search's result
-    (`regions.SearchAhead`)."""
+    """The regions' searches run in a background thread, smallest region first
+    (`regions.search_order`; one at a time with one worker), and each region is selected from
+    its own search's result (`regions.SearchAhead`)."""
     import threading
 
     from mirage_jax import regions
@@ -581,8 +581,11 @@ def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
     calls: list[tuple[str, str]] = []
     real_search, real_select = regions.search_only, regions.select_searched
 
+    sizes: list[int] = []
+
     def search_only(search_mod, program, opts):
         calls.append(("search", program.canonical_hash, threading.current_thread().name))
+        sizes.append(len(program.nodes))
         return real_search(search_mod, program, opts)
 
     def select_searched(result, program, *args):
@@ -601,7 +604,8 @@ def test_searches_run_ahead_of_the_selection(tmp_path, monkeypatch):
     assert all(t.startswith("mirage_jax-search") for *_, t in searched)
     assert all(not t.startswith("mirage_jax-search") for *_, t in selected)
     order = [d.region_hash for d in f.last.decisions if d.source == "search"]
-    assert [h for _, h, _ in searched] == order
+    assert sorted(h for _, h, _ in searched) == sorted(order)
+    assert sizes == sorted(sizes) and len(set(sizes)) > 1, sizes  # the smaller region first
     chosen = {h for _, h, _ in selected}
     assert [h for _, h, _ in selected] == [h for _, h, _ in searched if h in chosen]
     assert selected, "no region had a µGraph to select"
