@@ -84,3 +84,21 @@ def test_the_reread_search_offers_the_cut_beside_one_kernel_per_output(monkeypat
             w = np.asarray(w, np.float64)
             err = np.max(np.abs(np.asarray(o, np.float64) - w)) / np.max(np.abs(w))
             assert err < 2e-2, (backend, err)
+
+
+def test_the_cut_pieces_are_searched_with_the_region_search_workers(monkeypatch):
+    """A region's cut pieces use its worker pool: they were searched with one worker, in the
+    search's own process, which made the cuts most of a 7B region's search on the H200."""
+    from mirage_jax.search import Budget, driver
+
+    seen = []
+    real = driver.search
+
+    def spy(program, **kw):
+        seen.append((program.meta.get("name", ""), kw.get("workers")))
+        return real(program, **kw)
+
+    monkeypatch.setattr(driver, "search", spy)
+    real(_region(), budget=Budget(time_s=60, reread=True), seed=0, workers=2)
+    pieces = [w for name, w in seen if ".piece%" in name]
+    assert pieces and all(w == 2 for w in pieces), seen

@@ -19,9 +19,12 @@ from mirage_jax.search import cuts as cut_mod
 from mirage_jax.search import hfuse
 
 
-def search_cuts(search, program: Program, budget, seed: int, target, device, deadline: float):
+def search_cuts(
+    search, program: Program, budget, seed: int, target, device, deadline: float, workers: int = 1
+):
     """µGraphs stitched from the best µGraph of each piece (each found by `search`, the
-    driver's own), smallest cut sets first; with their horizontally fused variants."""
+    driver's own, with the region's `workers`: its pool), smallest cut sets first; with their
+    horizontally fused variants."""
     memo: dict[str, Any] = {}  # piece hash -> its SearchResult
     found = []
     stats: dict[str, Any] = {"sets_tried": 0, "pieces_searched": 0, "stitched": 0, "failed": 0}
@@ -44,8 +47,9 @@ def search_cuts(search, program: Program, budget, seed: int, target, device, dea
                 )  # fmt: skip
                 stats["pieces_searched"] += 1
                 memo[key] = search(
-                    sub, budget=sub_budget, seed=seed, progress=False, target=target, device=device
-                )
+                    sub, budget=sub_budget, seed=seed, workers=workers, progress=False,
+                    target=target, device=device,
+                )  # fmt: skip
                 for k in ("verified", "accepted", "rejected", "generated"):
                     stats[k] = stats.get(k, 0) + int(memo[key].stats.get(k, 0) or 0)
             r = memo[key]

@@ -265,7 +265,9 @@ def _search(
     starved = starved or (budget.reread and 1 in best_blocks and takes_rms(problem))
     if starved and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
-        found, cut_stats = search_cuts(search, program, budget, seed, target, device, cut_deadline)
+        found, cut_stats = search_cuts(
+            search, program, budget, seed, target, device, cut_deadline, workers
+        )
         for c, g, desc in found:
             descriptions.append(desc)
             instances.append((c, len(descriptions), g, "cut:" + g.canonical_hash))
