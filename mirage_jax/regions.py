@@ -121,7 +121,7 @@ the pool (Llama-7B equinox b=8 on the H100 host: 39 s of searches one after anot
 
 
 def search_order(regions: Sequence[Any]) -> list[Any]:
-    """The regions in the order their searches start: fewest ops first (region order among
+    """The regions in the order their searches start: fewest nodes first (region order among
     equals). Selections run one at a time, on the GPU, as the searches end; a small region's
     search ends in 1-3 s and its selection then runs while the large ones still search. In
     region order the queue waited for the two largest first (Llama-7B equinox b=1 on the

@@ -183,10 +183,10 @@ step in a `wide_variants` variant: 32 KB in fp16, so that three pipelining stage
 for two blocks per SM."""
 
 WIDE_NK_TILE_ELEMENTS = (1 << 14, 1 << 12)
-"""The tile sizes (elements a block and step) a weight stored [N, K] is re-tiled to: 32 rows
-of 128 columns (8 KB) read the down projection of equinox's 7B layer, [4096, 11008] split 43
-ways, at 26.2-26.4 µs on the H200 where 128 rows took 30.0 (`gemv_probe_h200_2026-11-28_nk`,
-`never_slower_h200_2026-11-28_s33_eqx7b_b1_wide`); gate/up's best kept the larger tile."""
+"""The tile sizes (elements a block and step) a weight stored [N, K] is re-tiled to. Equinox's
+7B down projection, [4096, 11008] split 43 ways, on the H200: hand-written in 32 rows of 128
+columns (8 KB) 26.2-26.4 µs (`gemv_probe_h200_2026-11-28_nk`); our µGraph at those tiles 27.2
+µs, at 128 rows 30.0 (`never_slower_h200_2026-11-29_s34_7b_b1_cut_debug.log`)."""
 
 WIDE_MIN_BYTES = 1 << 20
 """`wide_variants` re-tiles only µGraphs whose kernels' largest inputs (weights) add up to at

@@ -124,7 +124,9 @@ def test_the_reread_search_stitches_split_pieces_launched_by_level():
     (region,) = lax_ir.partition(lax_ir.capture(qkv, *specs)).regions
     program = region.program
     res = search(program, budget=Budget(time_s=60, reread=True), seed=0, workers=1)
-    levels = [g for g in res.mugraphs if g.meta["structure"].startswith("one launch per level, split")]
+    levels = [
+        g for g in res.mugraphs if g.meta["structure"].startswith("one launch per level, split")
+    ]
     assert levels, [g.meta["structure"] for g in res.mugraphs]
     g = levels[0]
     assert g.meta["verified"] == "full" and len(g.launch_groups()) == 2

@@ -96,10 +96,10 @@ def search_cuts(
 RIVAL_CUT_MIN_BYTES = 32 << 20
 """A region whose one-kernel-per-output stitch works also gets its first cut, as a rival,
 only where its inputs take at least this many bytes: there the cut's extra launch (the norm's
-kernel, about 1.5 µs) is small beside the GEMVs, and its search (about 5-10 s of the first
-call at Llama-7B size, `never_slower_h200_2026-11-29_s34*`) buys something. On the H200
-(2026-11-29) equinox's 7B norm + gate/up ran 49.3-49.5 µs cut against 51.9-52.8 without,
-its norm + Q/K/V 16.5 against 17.1; the realistic blocks' regions (3-12 MB) are below it."""
+kernel, about 1.5 µs) is small beside the GEMVs, and its search (4-5 s a region on 2 CPUs)
+buys something. On the H200 (2026-11-29, `never_slower_h200_2026-11-29_s34*`) equinox's 7B
+norm + gate/up ran 49.3-49.7 µs cut against 51.0-52.8 without, its norm + Q/K/V 16.4-16.5
+against 17.1-17.2; the realistic blocks' regions (3-12 MB) are below it."""
 
 
 def _input_bytes(program: Program) -> int:
