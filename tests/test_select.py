@@ -494,9 +494,10 @@ def test_a_winner_far_slower_than_xla_is_not_tuned():
     assert lowered == [None] and sel.best is None  # XLA kept, nothing tuned
 
 
-def test_a_winning_variant_at_other_numbers_is_verified_after_timing(monkeypatch):
-    """A `wide_variants` µGraph is timed unverified (its full-size verification costs seconds
-    at 7B); where it wins, it is verified then, and keeps the verdict."""
+def _select_with_a_wide_variant(monkeypatch, base_us: float, wide_us: float, **kw):
+    """`select` over one µGraph and its `wide_variants` variant (faked: the same µGraph, meta
+    "variant"), timed at `base_us` and `wide_us` against XLA's 10 µs; (selection, the
+    variants `_verify` was called on, the variant)."""
     import mirage_jax.select as S
     from mirage_jax import tuning
     from mirage_jax.mugraph import MuGraph
@@ -514,14 +515,23 @@ def test_a_winning_variant_at_other_numbers_is_verified_after_timing(monkeypatch
 
     def lower(g, backend="pallas"):
         fn = fake_lower()(g, backend)
-        fn.us = 5.0 if g.meta.get("variant") else 8.0
+        fn.us = wide_us if g.meta.get("variant") else base_us
         return fn
 
     def timer(fn, inputs):
         return getattr(fn, "us", 10.0), "fake"
 
     r = SearchResult((base,), "exhausted", {})
-    sel = select(r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True, verify_trials=1)
+    sel = select(
+        r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True, verify_trials=1, **kw
+    )
+    return sel, verified, wide
+
+
+def test_a_winning_variant_at_other_numbers_is_verified_after_timing(monkeypatch):
+    """A `wide_variants` µGraph is timed unverified (its full-size verification costs seconds
+    at 7B); where it wins, it is verified then, and keeps the verdict."""
+    sel, verified, _ = _select_with_a_wide_variant(monkeypatch, 8.0, 5.0)
     assert sel.best.meta.get("variant") == "wide" and sel.chosen.us == 5.0
     assert sel.chosen.verdict is not None and sel.chosen.verdict.equal
     assert verified.count("wide") == 1 and verified[-1] == "wide"  # once, after the timing
@@ -532,34 +542,7 @@ def test_a_variant_timed_unverified_that_comes_close_is_verified_as_the_runner_u
     as the runner-up: a runner-up without a verdict was dropped where the outcome is stored
     (`regions.search_region`), so the whole-function check never tried it (equinox 7B's
     down projection on the H200, 2026-11-29: 27.18 µs against XLA's 26.21)."""
-    import mirage_jax.select as S
-    from mirage_jax import tuning
-    from mirage_jax.mugraph import MuGraph
-
-    base = graph()
-    wide = MuGraph(base.ops, base.outputs, {**base.meta, "variant": "wide"})
-    monkeypatch.setattr(
-        tuning, "wide_variants", lambda g, backend, contiguous=None: [("wide", wide)]
-    )
-    verified = []
-    real = S._verify
-    monkeypatch.setattr(
-        S, "_verify", lambda g, *a: verified.append(g.meta.get("variant")) or real(g, *a)
-    )
-
-    def lower(g, backend="pallas"):
-        fn = fake_lower()(g, backend)
-        fn.us = 10.5 if g.meta.get("variant") else 12.0
-        return fn
-
-    def timer(fn, inputs):
-        return getattr(fn, "us", 10.0), "fake"
-
-    r = SearchResult((base,), "exhausted", {})
-    sel = select(
-        r, program(), tie=0.0, timer=timer, lower=lower, tune_warps=True, verify_trials=1,
-        near=0.1,
-    )  # fmt: skip
+    sel, verified, wide = _select_with_a_wide_variant(monkeypatch, 12.0, 10.5, near=0.1)
     assert sel.chosen is None and sel.runner_up is wide
     assert sel.runner_up_contender.verdict is not None and sel.runner_up_contender.verdict.equal
     assert "wide" in verified and "runner-up" in sel.reason
