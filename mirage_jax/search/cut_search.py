@@ -17,14 +17,41 @@ from mirage_jax.mugraph import ONE_LAUNCH, MuGraph, MuGraphError
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import cuts as cut_mod
 from mirage_jax.search import hfuse
+from mirage_jax.search.confirm import verify_full
+from mirage_jax.search.workers import pool_for
 
 
 def search_cuts(
-    search, program: Program, budget, seed: int, target, device, deadline: float, workers: int = 1
+    search,
+    program: Program,
+    budget,
+    seed: int,
+    target,
+    device,
+    deadline: float,
+    workers: int = 1,
+    problem: Any = None,
 ):
     """µGraphs stitched from the best µGraph of each piece (each found by `search`, the
     driver's own, with the region's `workers`: its pool), smallest cut sets first; with their
-    horizontally fused variants."""
+    horizontally fused variants. The stitches are verified at full size with each trial a job
+    in that pool (`confirm.verify_full`, given the region's `problem`), else here."""
+    with pool_for(workers) as raw:
+
+        def verify(graphs: list[MuGraph]) -> list:
+            if problem is None:
+                import fields
+
+                return [fields.verify(g, program, trials=budget.trials, seed=seed) for g in graphs]
+            return verify_full(raw, problem, list(graphs), budget.trials)
+
+        return _search_cuts(
+            search, program, budget, seed, target, device, deadline, workers, verify
+        )
+
+
+def _search_cuts(search, program, budget, seed, target, device, deadline, workers, verify):
+    """`search_cuts` with the pool's `verify`."""
     memo: dict[str, Any] = {}  # piece hash -> its SearchResult
     found = []
     stats: dict[str, Any] = {"sets_tried": 0, "pieces_searched": 0, "stitched": 0, "failed": 0}
@@ -61,12 +88,12 @@ def search_cuts(
             own[out] = (next((m for m in r.mugraphs if _own_kernels(m)), r.best), sources)
         else:
             if per_output:  # one kernel per output worked: this cut is its one rival
-                got = _own_launch(program, cs, own, budget, seed, target, device, stats)
+                got = _own_launch(program, cs, own, verify, target, device, stats)
                 if not got:
                     continue
                 found += got
                 break
-            got = _stitched(program, cs, parts, budget, seed, stats)
+            got = _stitched(program, cs, parts, verify, stats)
             if got is None:
                 continue
             g, v = got
@@ -76,10 +103,10 @@ def search_cuts(
             desc = head + _structures(program, cs, parts)
             meta = {"structure": desc, "cost": c.to_dict(), **_stitched_meta(program, cs, v)}
             found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
-            found += _fused(g, program, meta, desc, budget, seed, target, device, stats)
-            found += _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats)
+            found += _fused(g, meta, desc, verify, target, device, stats)
+            found += _loop_free_launch(program, cs, parts, loop_free, verify, device, stats)
             if budget.reread:
-                found += _split_levels(program, cs, parts, split, budget, seed, device, stats)
+                found += _split_levels(program, cs, parts, split, verify, device, stats)
             if cs:
                 break  # the first working cut set (smallest, nearest the inputs) is kept
             # One kernel per output recomputes the shared prologue in every block; the first
@@ -119,14 +146,14 @@ def _split_pair(g: MuGraph) -> bool:
     return len(ks) == 2 and any(a[0] == ks[0][0] for a in ks[1][1].args)
 
 
-def _split_levels(program, cs, parts, split, budget, seed, device, stats) -> list:
+def _split_levels(program, cs, parts, split, verify, device, stats) -> list:
     """With `Budget.reread`: the pieces' best split-K µGraphs stitched (a piece without one
     keeps its best), launched one dependency level at a time (`MuGraph.launch_levels`: the
     split kernels as one launch, their combining kernels as another), where that differs from
     the stitch of their best ones."""
     if all(split[o][0] is parts[o][0] for o in parts):
         return []
-    got = _stitched(program, cs, split, budget, seed, stats)
+    got = _stitched(program, cs, split, verify, stats)
     if got is None:
         return []
     g, v = got
@@ -142,11 +169,11 @@ def _own_kernels(g: MuGraph) -> bool:
     return all(op.op == "input" or op.block_graph is not None for op in g.ops)
 
 
-def _own_launch(program, cs, own, budget, seed, target, device, stats) -> list:
+def _own_launch(program, cs, own, verify, target, device, stats) -> list:
     """The pieces' best µGraphs of graph-defined kernels only (a piece without one keeps its
     best), stitched, and launched one dependency level at a time where a level has several
     kernels (the projections after their prologue's kernel); [] where the stitch fails."""
-    got = _stitched(program, cs, own, budget, seed, stats)
+    got = _stitched(program, cs, own, verify, stats)
     if got is None:
         return []
     g, v = got
@@ -156,7 +183,7 @@ def _own_launch(program, cs, own, budget, seed, target, device, stats) -> list:
     c = cost_model.estimate(g, device)
     meta_own = {**meta, "structure": desc, "cost": c.to_dict()}
     own_g = (c.seconds, MuGraph(g.ops, g.outputs, meta_own), desc)
-    return [own_g, *_fused(g, program, meta, desc, budget, seed, target, device, stats)]
+    return [own_g, *_fused(g, meta, desc, verify, target, device, stats)]
 
 
 def _loop_free(g: MuGraph) -> bool:
@@ -164,14 +191,14 @@ def _loop_free(g: MuGraph) -> bool:
     return all(op.block_graph.forloop_range == 1 for _, op in g.graph_defined())
 
 
-def _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats) -> list:
+def _loop_free_launch(program, cs, parts, loop_free, verify, device, stats) -> list:
     """The pieces' best loop-free µGraphs stitched and launched as one, where that differs from
     the stitch of their best ones and its kernels are independent: the cost model rates the
     K loop of a skinny GEMM too well (H100, 8 rows, a norm + GEMM: loop-free tiles of 16
     columns 6.3 µs for N=1536, the model's loop form 8.4), so this tiling is timed too."""
     if all(loop_free[o][0] is parts[o][0] for o in parts):
         return []
-    got = _stitched(program, cs, loop_free, budget, seed, stats, want=hfuse.fusible)
+    got = _stitched(program, cs, loop_free, verify, stats, want=hfuse.fusible)
     if got is None:
         return []
     g, v = got
@@ -179,12 +206,11 @@ def _loop_free_launch(program, cs, parts, loop_free, budget, seed, device, stats
     return [_one_launch(g, _stitched_meta(program, cs, v), desc, device)]
 
 
-def _stitched(program, cs, parts, budget, seed, stats, want=None) -> tuple[MuGraph, Any] | None:
+def _stitched(program, cs, parts, verify, stats, want=None) -> tuple[MuGraph, Any] | None:
     """The pieces' µGraphs (`parts`) stitched into one and verified against the region at full
     size, with the verdict; None (counted as failed) where the stitch is invalid or not equal,
-    or (not counted) where `want` refuses it before its verification."""
-    import fields
-
+    or (not counted) where `want` refuses it before its verification. `verify`: graphs ->
+    their verdicts (`search_cuts`'s, in the search's pool)."""
     g = cut_mod.stitch(program, cs, parts)
     try:
         g.shapes  # noqa: B018 (validate: a piece may keep a cut value wider than the next reads)
@@ -193,7 +219,7 @@ def _stitched(program, cs, parts, budget, seed, stats, want=None) -> tuple[MuGra
         return None
     if want is not None and not want(g):
         return None
-    v = fields.verify(g, program, trials=budget.trials, seed=seed)
+    (v,) = verify([g])
     if not v:
         stats["failed"] += 1
         return None
@@ -231,22 +257,19 @@ FUSED_KEPT = 4
 """Horizontally fused variants of a stitched µGraph verified and kept (`hfuse`)."""
 
 
-def _fused(
-    g: MuGraph, program: Program, meta: dict, desc: str, budget, seed, target, device, stats: dict
-) -> list:
+def _fused(g: MuGraph, meta: dict, desc: str, verify, target, device, stats: dict) -> list:
     """The stitched µGraph's kernels as one launch (`ONE_LAUNCH`: the same kernels, so the same
-    verdict) and fused into one (`hfuse.fused_variants`), each of those verified against the
-    region at full size; (cost, µGraph, description) for those that pass."""
-    import fields
-
+    verdict) and fused into one (`hfuse.fused_variants`), those verified against the region at
+    full size all at once (`verify`); (cost, µGraph, description) for those that pass."""
     out = []
     if hfuse.fusible(g):  # the same kernels, each with its own tiling, as one launch
         d = "one launch for all outputs: " + desc.split(": ", 1)[-1]
         out.append(_one_launch(g, meta, d, device))
     elif any(len(level) > 1 for level in g.dependency_levels()):  # a cut's prologue first
         out.append(_one_launch(g, meta, "one launch per level: " + desc, device))
-    for cost_s, f in hfuse.fused_variants(g, target, device, keep=FUSED_KEPT):
-        v = fields.verify(f, program, trials=budget.trials, seed=seed)
+    fused = hfuse.fused_variants(g, target, device, keep=FUSED_KEPT)
+    verdicts = verify([f for _, f in fused]) if fused else []
+    for (cost_s, f), v in zip(fused, verdicts):
         if not v:
             stats["fused_failed"] = stats.get("fused_failed", 0) + 1
             continue

@@ -266,7 +266,7 @@ def _search(
     if starved and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
         found, cut_stats = search_cuts(
-            search, program, budget, seed, target, device, cut_deadline, workers
+            search, program, budget, seed, target, device, cut_deadline, workers, problem
         )
         for c, g, desc in found:
             descriptions.append(desc)
