@@ -87,18 +87,23 @@ def test_the_reread_search_offers_the_cut_beside_one_kernel_per_output(monkeypat
 
 
 def test_the_cut_pieces_are_searched_with_the_region_search_workers(monkeypatch):
-    """A region's cut pieces use its worker pool: they were searched with one worker, in the
-    search's own process, which made the cuts most of a 7B region's search on the H200."""
+    """A region's cut pieces use its worker pool, several at once (`PIECES_AT_ONCE`): they
+    were searched with one worker, in the search's own process, one after another, which made
+    the cuts most of a 7B region's search on the H200."""
+    import threading
+
     from mirage_jax.search import Budget, driver
 
     seen = []
     real = driver.search
 
     def spy(program, **kw):
-        seen.append((program.meta.get("name", ""), kw.get("workers")))
+        name = threading.current_thread().name
+        seen.append((program.meta.get("name", ""), kw.get("workers"), name))
         return real(program, **kw)
 
     monkeypatch.setattr(driver, "search", spy)
     real(_region(), budget=Budget(time_s=60, reread=True), seed=0, workers=2)
-    pieces = [w for name, w in seen if ".piece%" in name]
-    assert pieces and all(w == 2 for w in pieces), seen
+    pieces = [(w, t) for name, w, t in seen if ".piece%" in name]
+    assert len(pieces) >= 2 and all(w == 2 for w, _ in pieces), seen
+    assert all(t.startswith("mirage_jax-piece") for _, t in pieces), seen

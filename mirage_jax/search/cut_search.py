@@ -62,24 +62,27 @@ def _search_cuts(search, program, budget, seed, target, device, deadline, worker
             break
         stats["sets_tried"] += 1
         parts, loop_free, split, own = {}, {}, {}, {}
-        for out in [*sorted(cs), *program.outputs]:
-            sub, sources = cut_mod.piece(program, out, cs)
-            key = sub.canonical_hash
-            if key not in memo:
-                left = max(1.0, deadline - time.monotonic())
-                sub_budget = dataclasses.replace(
-                    budget, time_s=min(left, budget.time_s / 4), cuts=False, confirm=1,
-                    results=4 if budget.reread else 2,
-                    max_kernels=max(1, budget.max_kernels - len(cs)),
-                )  # fmt: skip
+        pieces = [
+            (out, *cut_mod.piece(program, out, cs)) for out in [*sorted(cs), *program.outputs]
+        ]
+        todo = {sub.canonical_hash: sub for _, sub, _ in pieces if sub.canonical_hash not in memo}
+        if todo:
+            left = max(1.0, deadline - time.monotonic())
+            sub_budget = dataclasses.replace(
+                budget, time_s=min(left, budget.time_s / 4), cuts=False, confirm=1,
+                results=4 if budget.reread else 2,
+                max_kernels=max(1, budget.max_kernels - len(cs)),
+            )  # fmt: skip
+            got = _search_pieces(
+                search, list(todo.values()), sub_budget, seed, workers, target, device
+            )
+            for key, r in zip(todo, got):
+                memo[key] = r
                 stats["pieces_searched"] += 1
-                memo[key] = search(
-                    sub, budget=sub_budget, seed=seed, workers=workers, progress=False,
-                    target=target, device=device,
-                )  # fmt: skip
                 for k in ("verified", "accepted", "rejected", "generated"):
-                    stats[k] = stats.get(k, 0) + int(memo[key].stats.get(k, 0) or 0)
-            r = memo[key]
+                    stats[k] = stats.get(k, 0) + int(r.stats.get(k, 0) or 0)
+        for out, sub, sources in pieces:
+            r = memo[sub.canonical_hash]
             if not r:
                 break
             parts[out] = (r.best, sources)
@@ -137,6 +140,30 @@ def _input_bytes(program: Program) -> int:
         math.prod(program.nodes[i].shape) * np.dtype(program.nodes[i].dtype).itemsize
         for i in program.inputs
     )
+
+
+PIECES_AT_ONCE = 4
+"""Pieces of one cut set searched at once (threads) where the search has a worker pool: each
+piece's enumeration and verification are pool jobs, too few to keep 12 workers busy (a 7B
+norm + projection's pieces took 1-5 s each, one after another)."""
+
+
+def _search_pieces(search, subs: list, budget, seed: int, workers: int, target, device) -> list:
+    """The pieces' `SearchResult`s (`search`, the driver's, with the region's `workers`),
+    several at once in threads where there is a pool (`PIECES_AT_ONCE`), else in turn."""
+
+    def one(sub):
+        return search(
+            sub, budget=budget, seed=seed, workers=workers, progress=False, target=target,
+            device=device,
+        )  # fmt: skip
+
+    if workers <= 1 or len(subs) < 2:
+        return [one(sub) for sub in subs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(len(subs), PIECES_AT_ONCE), "mirage_jax-piece") as ex:
+        return list(ex.map(one, subs))
 
 
 def _split_pair(g: MuGraph) -> bool:
