@@ -91,7 +91,8 @@ def _pad(n: int, at_least: int = 1) -> int:
     return max(at_least, 1 << max(0, (n - 1).bit_length()))
 
 
-def _nbytes(shape, dtype) -> int:
+def nbytes(shape, dtype) -> int:
+    """The bytes of an array of `shape` and `dtype`."""
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
@@ -176,8 +177,8 @@ def estimate(
         if op.block_graph is None:
             arg_shapes = [shapes[a][0] for a in op.args]
             out_shape, dtype = shapes[(i, 0)]
-            b = sum(_nbytes(s, shapes[a][1]) for s, a in zip(arg_shapes, op.args))
-            b += _nbytes(out_shape, dtype)
+            b = sum(nbytes(s, shapes[a][1]) for s, a in zip(arg_shapes, op.args))
+            b += nbytes(out_shape, dtype)
             f = _op_flops(op.op, arg_shapes, out_shape)
             total_s += device.launch_s + _time(b, f, device.sms, device)
             total_b += b
@@ -192,11 +193,11 @@ def estimate(
         for k, b in enumerate(bg.inputs):
             axis = contiguous.get(position.get(op.args[k][0], -1), -1)
             waste = _row_waste(info.tiles[k], b, device, axis)
-            t_bytes = int(_nbytes(info.tiles[k], b.dtype) * waste)
+            t_bytes = int(nbytes(info.tiles[k], b.dtype) * waste)
             per_block += t_bytes * (loop if b.forloop_dim is not None else 1)
             loop_bytes += t_bytes if b.forloop_dim is not None else 0
         for o in bg.outputs:
-            per_block += _nbytes(info.tiles[o.arg], info.dtypes[o.arg])
+            per_block += nbytes(info.tiles[o.arg], info.dtypes[o.arg])
         flops = sfu = 0
         n_in = len(bg.inputs)
         for k, bop in enumerate(bg.ops):

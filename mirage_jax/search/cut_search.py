@@ -8,7 +8,6 @@ memory floor) or missing; each piece is searched by the driver's own `search`, w
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any
 
@@ -29,20 +28,16 @@ def search_cuts(
     target,
     device,
     deadline: float,
-    workers: int = 1,
-    problem: Any = None,
+    workers: int,
+    problem: Any,
 ):
     """µGraphs stitched from the best µGraph of each piece (each found by `search`, the
     driver's own, with the region's `workers`: its pool), smallest cut sets first; with their
     horizontally fused variants. The stitches are verified at full size with each trial a job
-    in that pool (`confirm.verify_full`, given the region's `problem`), else here."""
+    in that pool (`confirm.verify_full` against the region's `problem`)."""
     with pool_for(workers) as raw:
 
         def verify(graphs: list[MuGraph]) -> list:
-            if problem is None:
-                import fields
-
-                return [fields.verify(g, program, trials=budget.trials, seed=seed) for g in graphs]
             return verify_full(raw, problem, list(graphs), budget.trials)
 
         return _search_cuts(
@@ -90,23 +85,20 @@ def _search_cuts(search, program, budget, seed, target, device, deadline, worker
             split[out] = (next((m for m in r.mugraphs if _split_pair(m)), r.best), sources)
             own[out] = (next((m for m in r.mugraphs if _own_kernels(m)), r.best), sources)
         else:
-            if per_output:  # one kernel per output worked: this cut is its one rival
-                got = _own_launch(program, cs, own, verify, target, device, stats)
-                if not got:
+            at = f"cut at %{','.join(map(str, cs))}"
+            if per_output:  # one kernel per output worked: this cut is its one rival, stitched
+                # from the pieces' own kernels (a pre-defined GEMM piece shares no launch)
+                head = f"{at}, own kernels: "
+                got = _launches(program, cs, own, head, verify, target, device, stats)
+                if got is None:
                     continue
                 found += got
                 break
-            got = _stitched(program, cs, parts, verify, stats)
+            head = f"{at}: " if cs else "one kernel per output: "
+            got = _launches(program, cs, parts, head, verify, target, device, stats)
             if got is None:
                 continue
-            g, v = got
-            stats["stitched"] += 1
-            c = cost_model.estimate(g, device)
-            head = f"cut at %{','.join(map(str, cs))}: " if cs else "one kernel per output: "
-            desc = head + _structures(program, cs, parts)
-            meta = {"structure": desc, "cost": c.to_dict(), **_stitched_meta(program, cs, v)}
-            found.append((c.seconds, MuGraph(g.ops, g.outputs, meta), desc))
-            found += _fused(g, meta, desc, verify, target, device, stats)
+            found += got
             found += _loop_free_launch(program, cs, parts, loop_free, verify, device, stats)
             if budget.reread:
                 found += _split_levels(program, cs, parts, split, verify, device, stats)
@@ -134,12 +126,7 @@ against 17.1-17.2; the realistic blocks' regions (3-12 MB) are below it."""
 
 def _input_bytes(program: Program) -> int:
     """The bytes of a region's inputs (its weights, at decode)."""
-    import numpy as np
-
-    return sum(
-        math.prod(program.nodes[i].shape) * np.dtype(program.nodes[i].dtype).itemsize
-        for i in program.inputs
-    )
+    return sum(cost_model.nbytes(shape, dtype) for shape, dtype in program.input_avals)
 
 
 PIECES_AT_ONCE = 4
@@ -196,21 +183,22 @@ def _own_kernels(g: MuGraph) -> bool:
     return all(op.op == "input" or op.block_graph is not None for op in g.ops)
 
 
-def _own_launch(program, cs, own, verify, target, device, stats) -> list:
-    """The pieces' best µGraphs of graph-defined kernels only (a piece without one keeps its
-    best), stitched, and launched one dependency level at a time where a level has several
-    kernels (the projections after their prologue's kernel); [] where the stitch fails."""
-    got = _stitched(program, cs, own, verify, stats)
+def _launches(program, cs, parts, head: str, verify, target, device, stats) -> list | None:
+    """The pieces' µGraphs (`parts`) stitched and verified (`_stitched`), described as `head`
+    and their structures, with its one-launch and fused variants (`_fused`); None where the
+    stitch fails."""
+    got = _stitched(program, cs, parts, verify, stats)
     if got is None:
-        return []
+        return None
     g, v = got
     stats["stitched"] += 1
-    desc = f"cut at %{','.join(map(str, cs))}, own kernels: " + _structures(program, cs, own)
-    meta = _stitched_meta(program, cs, v)
     c = cost_model.estimate(g, device)
-    meta_own = {**meta, "structure": desc, "cost": c.to_dict()}
-    own_g = (c.seconds, MuGraph(g.ops, g.outputs, meta_own), desc)
-    return [own_g, *_fused(g, meta, desc, verify, target, device, stats)]
+    desc = head + _structures(program, cs, parts)
+    meta = {"structure": desc, "cost": c.to_dict(), **_stitched_meta(program, cs, v)}
+    return [
+        (c.seconds, MuGraph(g.ops, g.outputs, meta), desc),
+        *_fused(g, meta, desc, verify, target, device, stats),
+    ]
 
 
 def _loop_free(g: MuGraph) -> bool:
