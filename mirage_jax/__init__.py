@@ -16,6 +16,8 @@ from mirage_jax.cache import CacheEntry as CacheEntry
 from mirage_jax.cache import CacheWarning as CacheWarning
 from mirage_jax.explain import Explanation as Explanation
 from mirage_jax.explain import explain as explain
+from mirage_jax.filter_jit import FilterJit as FilterJit
+from mirage_jax.filter_jit import filter_jit as filter_jit
 from mirage_jax.log import configure_from_env as _configure_log
 from mirage_jax.log import logger as logger
 from mirage_jax.zoo import Job as Job

@@ -198,7 +198,13 @@ class MirageJit:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         settle_trace_context()
         traces = self.stats.traces
-        out = self._jitted(*args, **kwargs)
+        try:
+            out = self._jitted(*args, **kwargs)
+        except (TypeError, jax.errors.ConcretizationTypeError) as e:
+            from mirage_jax.filter_jit import hint_static_leaves  # it imports this module
+
+            hint_static_leaves(e, args, kwargs)
+            raise
         if self.stats.traces != traces and trace_context_size() != self._context_size:
             logger.info(
                 "%s: a module imported during this call registered a JAX trace-context state, "

@@ -15,6 +15,7 @@ from typing import Any
 
 from lax_ir.partition import n_ops
 from mirage_jax.api import MirageJit, RegionDecision, TraceRecord, device_kind, has_gpu
+from mirage_jax.filter_jit import FilterJit
 from mirage_jax.log import search_summary
 from mirage_jax.lower import backends
 
@@ -175,11 +176,14 @@ def explain(
 ) -> Explanation:
     """Explain what `mirage_jax.jit` does with `fn` at these arguments (arrays or specs).
 
-    `fn` may be a plain function or a `mirage_jax.jit` object (its options are used). The
-    search is not run unless `search="auto"` is passed: by default only the cache is read.
+    `fn` may be a plain function, a `mirage_jax.jit` or a `mirage_jax.filter_jit` object
+    (its options are used). The search is not run unless `search="auto"` is passed: by
+    default only the cache is read.
     `search`, `backend`, `cache` and `static_argnums` are explain's own keywords; other
     keyword arguments go to `fn`.
     """
+    if isinstance(fn, FilterJit):  # its MirageJit, on the arrays and the static half
+        args, kwargs, fn = fn.jit_args(*args, **kwargs), {}, fn.jit
     if isinstance(fn, MirageJit):
         changes: dict[str, Any] = {"search": search or _no_search(fn.opts.search)}
         if backend is not None:

@@ -1,0 +1,231 @@
+"""`filter_jit`: `mirage_jax.jit` for functions of equinox modules, as `equinox.filter_jit` is.
+
+`jax.jit` (and `mirage_jax.jit`) traces every leaf of the arguments. Equinox modules hold
+leaves that are no arrays: `eqx.nn.Dropout`'s `inference` flag, `eqx.nn.MLP`'s activation
+function, Python numbers. Traced, a flag that the module branches on fails
+(`TracerBoolConversionError`) and a function is no valid JAX type, so equinox users compile
+with `eqx.filter_jit`, which traces the arrays and holds every other leaf static.
+`filter_jit` does the same around `mirage_jax.jit`: the arrays (`jax.Array`, `np.ndarray`,
+`np.generic`) are traced, every other leaf is part of the signature (a new value compiles and
+resolves again, as in `eqx.filter_jit`), and the outputs may hold non-array leaves too.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from mirage_jax.api import MirageJit
+
+_DYNAMIC = object()  # marks a traced leaf's place among the static leaves
+
+
+def is_array(x: Any) -> bool:
+    """Whether `filter_jit` traces this leaf (as `equinox.is_array` decides)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+@jax.tree_util.register_static
+class _Static:
+    """A pytree without leaves that carries a value through `jax.jit`'s outputs (the value is
+    part of the output's tree, so each compiled signature keeps its own)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and _same(self.value, other.value)
+
+    def __hash__(self) -> int:
+        return 0  # values need not be hashable; equality decides
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # values that do not compare are equal only when identical
+        return a is b
+
+
+class _Signature:
+    """The static half of a call: the arguments' tree and their non-array leaves (hashable,
+    as `jax.jit`'s static arguments must be)."""
+
+    def __init__(self, tree: Any, leaves: tuple[Any, ...]):
+        self.tree, self.leaves = tree, leaves
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Signature)
+            and self.tree == other.tree
+            and len(self.leaves) == len(other.leaves)
+            and all(a is b or _same(a, b) for a, b in zip(self.leaves, other.leaves))
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.tree, self.leaves))
+
+
+def _traced(x: Any) -> bool:
+    return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)  # specs: `explain`, `trace`
+
+
+def _split(tree_value: Any) -> tuple[Any, tuple[Any, ...], list[Any]]:
+    """A pytree's tree, its leaves with the traced ones marked `_DYNAMIC`, and the traced
+    leaves in their places (None elsewhere)."""
+    leaves, tree = jax.tree_util.tree_flatten(tree_value)
+    static = tuple(_DYNAMIC if _traced(x) else x for x in leaves)
+    dynamic = [x if _traced(x) else None for x in leaves]
+    return tree, static, dynamic
+
+
+class FilterJit:
+    """A function compiled by `filter_jit`. `.jit` is the `MirageJit` inside; `last`,
+    `records`, `stats` and `scan_bodies` are its."""
+
+    def __init__(self, fn: Callable[..., Any], donate: str, jit_kwargs: dict[str, Any]):
+        if donate not in ("none", "all", "all-except-first"):
+            raise ValueError(
+                f"filter_jit: donate must be 'none', 'all' or 'all-except-first', got {donate!r}"
+            )
+        self.fn, self.donate = fn, donate
+
+        @functools.wraps(fn)
+        def combined(signature: _Signature, kept: tuple, donated: tuple) -> Any:
+            args, kwargs = _merge(signature, kept + donated)
+            out = fn(*args, **kwargs)
+            out_tree, out_static, out_dynamic = _split(out)
+            return [x for x in out_dynamic if x is not None], _Static((out_tree, out_static))
+
+        del combined.__wrapped__  # jax.jit reads combined's own signature, not fn's
+        donate_argnums = None if donate == "none" else 2
+        self.jit = MirageJit(
+            combined, static_argnums=0, donate_argnums=donate_argnums, **jit_kwargs
+        )
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out_dynamic, box = self.jit(*self.jit_args(*args, **kwargs))
+        out_tree, out_static = box.value
+        leaves = iter(out_dynamic)
+        merged = [next(leaves) if s is _DYNAMIC else s for s in out_static]
+        return jax.tree_util.tree_unflatten(out_tree, merged)
+
+    def jit_args(self, *args: Any, **kwargs: Any) -> tuple[Any, tuple, tuple]:
+        """The arguments `.jit` takes for these: the static half, the arrays kept, the arrays
+        donated (as `mirage_jax.explain` passes them)."""
+        tree, static, dynamic = _split((args, kwargs))
+        signature = _Signature(tree, static)
+        try:
+            hash(signature)
+        except TypeError as e:
+            bad = next(x for x in static if not _hashable(x))
+            raise TypeError(
+                f"filter_jit({getattr(self.fn, '__name__', 'function')}): a non-array argument "
+                f"leaf of type {type(bad).__name__} is not hashable, so it cannot be held "
+                "static; pass it as an array, or mark its field static (`eqx.field(static=True)`)"
+            ) from e
+        kept, donated = _donation(self.donate, args, dynamic)
+        return signature, kept, donated
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    @property
+    def last(self) -> Any:
+        """The most recent trace record (`MirageJit.last`)."""
+        return self.jit.last
+
+    @property
+    def records(self) -> list[Any]:
+        """The trace records (`MirageJit.records`)."""
+        return self.jit.records
+
+    @property
+    def stats(self) -> Any:
+        """Traces, captures and fallbacks (`MirageJit.stats`)."""
+        return self.jit.stats
+
+    @property
+    def scan_bodies(self) -> list[Any]:
+        """The jits of the function's scans' bodies (`MirageJit.scan_bodies`)."""
+        return self.jit.scan_bodies
+
+    def __repr__(self) -> str:
+        return f"<mirage_jax.filter_jit {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+
+def hint_static_leaves(e: BaseException, args: tuple, kwargs: dict) -> None:
+    """Add a note to `e` (raised by `mirage_jax.jit`) where the arguments hold leaves that are
+    no arrays, such as an equinox module's flag or function: jax.jit traces them, `filter_jit`
+    holds them static."""
+    odd = [
+        (prefix + jax.tree_util.keystr(path), type(x).__name__)
+        for prefix, tree in (("args", args), ("kwargs", kwargs))
+        for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if not is_array(x)
+    ]
+    if odd:
+        named = ", ".join(f"{t} at {p}" for p, t in odd[:4])
+        named += f" and {len(odd) - 4} more" if len(odd) > 4 else ""
+        e.add_note(
+            f"mirage_jax.jit traces every argument leaf, as jax.jit does; these are no arrays: "
+            f"{named}. mirage_jax.filter_jit holds such leaves static, as equinox.filter_jit "
+            "does (or pass them with static_argnums)."
+        )
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _merge(signature: _Signature, dynamic: tuple[Any, ...]) -> tuple[tuple, dict]:
+    leaves = iter(dynamic)
+    merged = [next(leaves) if s is _DYNAMIC else s for s in signature.leaves]
+    return jax.tree_util.tree_unflatten(signature.tree, merged)
+
+
+def _donation(donate: str, args: tuple, dynamic: list[Any]) -> tuple[tuple, tuple]:
+    """The traced leaves, split into those kept and those donated (`donate`)."""
+    arrays = tuple(x for x in dynamic if x is not None)
+    if donate == "none":
+        return arrays, ()
+    if donate == "all":
+        return (), arrays
+    n_first = sum(1 for x in jax.tree_util.tree_leaves(args[:1]) if _traced(x))
+    return arrays[:n_first], arrays[n_first:]
+
+
+def filter_jit(
+    fn: Callable[..., Any] | None = None,
+    *,
+    donate: str = "none",
+    **jit_kwargs: Any,
+) -> Any:
+    """`mirage_jax.jit` that traces only the arrays among the arguments' leaves and holds the
+    rest static, as `equinox.filter_jit` does; usable as `filter_jit(fn)`, `@filter_jit` and
+    `@filter_jit(...)`.
+
+    `donate`: "none", "all" (every traced leaf) or "all-except-first" (all but the first
+    argument's), as in `equinox.filter_jit`. Other keywords are `mirage_jax.jit`'s (not its
+    static or donate arguments, which the filtering decides).
+    """
+    taken = {"static_argnums", "static_argnames", "donate_argnums", "donate_argnames"}
+    if taken & set(jit_kwargs):
+        raise TypeError(
+            f"filter_jit: {', '.join(sorted(taken & set(jit_kwargs)))} cannot be given: the "
+            "non-array leaves are static and `donate` says what is donated"
+        )
+    if fn is None:
+        return functools.partial(filter_jit, donate=donate, **jit_kwargs)
+    if not callable(fn):
+        raise TypeError(f"mirage_jax.filter_jit expects a function, got {type(fn).__name__}")
+    return FilterJit(fn, donate, jit_kwargs)
