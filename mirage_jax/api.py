@@ -44,6 +44,7 @@ from mirage_jax.function_choice import FunctionChoice
 from mirage_jax.known_inputs import constant_inputs
 from mirage_jax.log import logger, region_line
 from mirage_jax.lower import backends
+from mirage_jax.nnx_state import Stateful, StateMutation, watch
 from mirage_jax.regions import (
     SearchAhead,
     compute_gated,
@@ -181,6 +182,8 @@ class MirageJit:
         self._memo: dict[str, RegionDecision] = {}
         self._context_size = 0  # JAX's trace-context size when the last trace began
         self._checks: dict[str, Any] = {}  # whole-function checks by signature key
+        self._watch = True  # the capture raises where fn changes nnx state (`nnx_state`)
+        self._stateful: Stateful | None = None  # set once fn has changed nnx state
         self._jit_kwargs = {
             "static_argnums": static_argnums,
             "static_argnames": static_argnames,
@@ -198,8 +201,13 @@ class MirageJit:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         settle_trace_context()
         traces = self.stats.traces
+        if self._stateful is not None:  # the function changes nnx state (`nnx_state`)
+            return self._stateful(args, kwargs)
         try:
             out = self._jitted(*args, **kwargs)
+        except StateMutation as e:
+            self._stateful = Stateful(self, e)
+            return self._stateful(args, kwargs)
         except (TypeError, jax.errors.ConcretizationTypeError) as e:
             from mirage_jax.filter_jit import hint_static_leaves  # it imports this module
 
@@ -237,10 +245,10 @@ class MirageJit:
         return self._jitted.trace(*args, **kwargs).out_info
 
     def with_options(self, **changes: Any) -> MirageJit:
-        """A new MirageJit of the same function with some options changed."""
+        """A new MirageJit with some options changed (`fn=`: of another function)."""
         cache = self.cache if self.cache is not None else False
-        kw = {**self._jit_kwargs, **self.opts.kwargs(), "cache": cache}
-        return MirageJit(self.fn, **(kw | changes))
+        kw = {**self._jit_kwargs, **self.opts.kwargs(), "cache": cache} | changes
+        return MirageJit(kw.pop("fn", self.fn), **kw)
 
     @property
     def last(self) -> TraceRecord | None:
@@ -260,13 +268,15 @@ class MirageJit:
         clock = _Phases()
         fn = self.fn  # with its scans' bodies optimised where it has scans (`scan_bodies`)
         try:
-            program = _capture(fn, args, kwargs)
+            program = _capture(watch(fn) if self._watch else fn, args, kwargs)
             if self.opts.search != "off" and has_scan(program.meta["jaxpr"]):
                 fn = with_scan_bodies(program, self._scan_body)
-                program = _capture(fn, args, kwargs)
+                program = _capture(watch(fn) if self._watch else fn, args, kwargs)
             self.stats.captures += 1
             part = lax_ir.partition(program)
             clock.lap("capture")
+        except StateMutation:  # `__call__` carries the state out (`nnx_state.Stateful`)
+            raise
         except Exception as e:  # capture never should fail; if it does, XLA still runs
             self.stats.fallbacks += 1
             fallback(
@@ -359,7 +369,8 @@ class MirageJit:
         )
 
     def _record(self, record: TraceRecord) -> None:
-        self.records = [*self.records[-7:], record]
+        self.records.append(record)  # in place: a stateful call's jit shares the list
+        del self.records[:-8]
 
     def _resolve(
         self, part: Any, backend: str | None, why_not: str
