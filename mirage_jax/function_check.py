@@ -29,6 +29,11 @@ FUNCTION_CHECK = "function_check"
 """The cache-key option that marks a whole-function entry (its value: the kernels' keys)."""
 
 
+FAILS = "fails where jax.jit's runs: "
+"""How a `FunctionCheck.mismatch` begins where the function with the kernels raised (a compile
+or run error) and jax.jit's own did not: the kernels are left out as for differing values."""
+
+
 @dataclass(frozen=True)
 class FunctionCheck:
     """The outcome: "kernels" (the assembled function is faster) or "xla", with both times."""
@@ -42,6 +47,8 @@ class FunctionCheck:
 
     @property
     def reason(self) -> str:
+        if self.mismatch is not None and self.mismatch.startswith(FAILS):
+            return f"whole function: with the kernels it {self.mismatch}: runs as XLA"
         if self.mismatch is not None:
             return f"whole function: values differ from jax.jit ({self.mismatch}): runs as XLA"
         if self.kernels_us is None or self.xla_us is None:
@@ -93,7 +100,12 @@ def measure(
         return _drawn(program, seed + s)
 
     xs = inputs(0)
-    mismatch = compare(with_kernels(*xs), want)
+    try:
+        got = jax.block_until_ready(with_kernels(*xs))
+    except Exception as e:  # jax.jit's own function ran (above): the kernels' fails
+        why = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+        return FunctionCheck("xla", None, xla_us, "not timed", "measured", f"{FAILS}{why}")
+    mismatch = compare(got, want)
     if xla_us is None:
         xla_us = time_trace(original, inputs, calls=calls).median_us
     mine = time_trace(with_kernels, inputs, calls=calls).median_us

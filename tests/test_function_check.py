@@ -446,3 +446,26 @@ def test_a_left_out_kernel_says_how_much_xla_grew_around_it() -> None:
     assert "163.12" in two and "grew" not in two
     bad = FunctionCheck("xla", 163.12, 148.98, "fake", mismatch="output 0: max error 3")
     assert "values differ" in left_out_reason(bad, kept, [gate_up])
+
+
+def test_a_function_whose_kernels_fail_to_run_runs_as_xla(monkeypatch) -> None:
+    """Where the function with the kernels raises (a compile or run error: on the H200 a dot
+    algorithm XLA rejects) and jax.jit's runs, the check chooses XLA and says why; it used to
+    fail, leaving the kernels in use unchecked."""
+    import jax.numpy as jnp
+
+    import lax_ir
+    from mirage_jax import function_check, profile
+
+    program = lax_ir.capture(lambda x: jnp.tanh(x) * 2.0, jnp.ones((4, 8), jnp.float32))
+
+    def assembled(xs):
+        raise RuntimeError("INVALID_ARGUMENT: Unsupported dot precision algorithm: 4")
+
+    monkeypatch.setattr(profile, "time_trace", lambda fn, inputs, calls: None)  # not timed
+    function_check.forget_draws()
+    got = function_check.measure(program, assembled, xla_us=20.0)
+    function_check.forget_draws()
+    assert got.choice == "xla" and got.kernels_us is None
+    assert "with the kernels it fails where jax.jit's runs: RuntimeError" in got.reason
+    assert "runs as XLA" in got.reason
