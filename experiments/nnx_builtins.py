@@ -69,7 +69,7 @@ def _stateful(fn: Any) -> Any:
     """`fn(graphdef, state)` of one step: the outputs and the state the step leaves."""
 
     def run(graphdef: Any, state: Any) -> Any:
-        block, x = nnx.merge(graphdef, state)
+        (block, x), _ = nnx.merge(graphdef, state)
         return fn(block, x), nnx.state((block, x))
 
     return run
@@ -107,7 +107,7 @@ def run_case(
         if jax.devices()[0].platform == "gpu" and ours._stateful is not None:
             from mirage_jax.profile import time_trace
 
-            graphdef, state = nnx.split((ours_block, xs[0]))
+            graphdef, state = nnx.split(((ours_block, xs[0]), {}))  # as (args, kwargs)
             inner = ours._stateful.inner  # mirage_jax.jit's function of (graphdef, state)
             plain = _stateful(step)
             mine = jax.jit(lambda s: inner(graphdef, s))
