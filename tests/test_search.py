@@ -604,6 +604,19 @@ def test_a_region_without_candidates_says_what_stopped_the_search():
     assert "transpose of a computed value" in r.message and r.stats["blockers"], r.message
 
 
+def test_a_structural_blocker_skips_the_one_piece_enumeration():
+    """A merging reshape no one-piece µGraph expresses: the search leaves that enumeration out
+    (flax nnx's decode attention spent 49 s of 60 finding nothing) and says why; the pieces
+    are still cut and searched."""
+    program = _two_input_region(
+        lambda x, w: jnp.exp((x @ w).reshape(32, 16)).reshape(16, 32) @ w, (32, 32)
+    )
+    r = search(program, budget=Budget(time_s=30), seed=0, progress=False)
+    assert any("merges or splits" in b for b in r.stats["one_piece_skipped"]), r.stats
+    assert r.stats["tasks"] > 0 and r.stats["cuts"], r.stats
+    assert "merges or splits" in r.message
+
+
 def test_search_workers_exit_when_their_parent_is_killed():
     """Issue 17: each run of tests/test_zoo.py's killed-driver test left its spawned worker
     waiting forever (a SIGKILLed parent shuts no pool down)."""

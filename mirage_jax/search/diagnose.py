@@ -130,3 +130,16 @@ def blockers(program: Program) -> list[str]:
             f"({MAX_MATMULS}); cutting a region into pieces at GEMMs is not implemented yet"
         )
     return list(dict.fromkeys(found))
+
+
+STRUCTURAL = ("a transposed matmul operand", "a reshape that merges", "a transpose of a computed")
+"""The blockers no one-piece µGraph can express (no transpose, no merging reshape in its
+vocabulary): every region with one of them, among the unseen model code's on the CPU
+(2026-11-29: Qwen's attention, flax nnx's `MultiHeadAttention` in two regions, a top-2 MoE),
+got no kernel, and nnx's decode attention spent 49 s of a 60 s budget (H200) finding none."""
+
+
+def one_piece_dead_ends(program: Program) -> list[str]:
+    """The `blockers` of `program` that make its one-piece enumeration a dead end
+    (`STRUCTURAL`); the search then leaves that enumeration out (its pieces are still cut)."""
+    return [b for b in blockers(program) if b.startswith(STRUCTURAL)]

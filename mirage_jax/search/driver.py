@@ -49,6 +49,7 @@ from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.budget import Budget as Budget
 from mirage_jax.search.confirm import call, confirm
 from mirage_jax.search.cut_search import search_cuts
+from mirage_jax.search.diagnose import one_piece_dead_ends
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.recipe import RECIPE, encode
 from mirage_jax.search.schedule import numbers_for
@@ -171,7 +172,11 @@ def _search(
     with pool_for(workers) as raw:
         pool = None if raw is None else _Dispatch(raw, *problem_blob(problem))
         try:
-            run.deepen(tasks, budget.max_block_ops, deadline, pool)
+            dead_ends = one_piece_dead_ends(program)
+            if dead_ends:  # no one-piece µGraph can express them: the pieces get the time
+                run.stats["one_piece_skipped"] = dead_ends
+            else:
+                run.deepen(tasks, budget.max_block_ops, deadline, pool)
             n_main = len(run.accepted)
             # pre-defined kernels (GEMMs left to XLA), then graph-defined kernel(s) for the rest
             if budget.max_predefined > 0 and budget.max_kernels >= 2:
