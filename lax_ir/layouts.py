@@ -25,6 +25,10 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   (a mask's bias) is taken at its rank with unit axes and widened inside the region, and where
   a reshape after it regroups the widened axes among themselves (heads grouped for GQA), the
   reshape is taken first, on the small input;
+- **regrouped rows**: an elementwise op on a reshape that splits or merges a computed value's
+  axes (flax nnx's `LinearGeneral`: a projection's row split into heads) and on inputs of its
+  shape (the heads' bias) runs on the value, the inputs reshaped at the interface and the
+  reshape after; a transpose that moves only unit axes is a reshape;
 - **transposed operand**: `W @ xᵀ`, W an input and x computed (equinox's `weight @ x` vmapped
   over rows), is `(x Wᵀ)ᵀ`; the result's transpose then moves past unit-inserting reshapes and
   elementwise ops (an input operand transposed back at the interface) to the outputs.
@@ -351,6 +355,66 @@ def _sink_rule(g: LayoutGraph) -> bool:
     return False
 
 
+def _unit_transpose_rule(g: LayoutGraph) -> bool:
+    """A transpose that moves only unit axes (the non-unit ones keep their order: flax nnx's
+    attention, vmapped over heads, transposes [1, 8, 1, 1, 512] to [1, 1, 8, 1, 512]) is a
+    reshape: the same elements in the same row-major order."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "transpose":
+            continue
+        src = g.nodes[n.args[0]].shape
+        kept = [p for p in n.param("permutation") if src[p] > 1]
+        if kept != sorted(kept):
+            continue
+        g.replace(j, g.add(Node("reshape", (n.args[0],), n.shape, n.dtype, make_params())))
+        return True
+    return False
+
+
+_LAID = ("input", "constant", "broadcast_in_dim", "reshape", "transpose")
+
+
+def _sink_regroup_rule(g: LayoutGraph) -> bool:
+    """An elementwise op on reshapes that regroup one computed shape's axes (a projection's
+    row split into heads: flax nnx's `LinearGeneral`, [1, 1024] -> [1, 1, 8, 128]) and on
+    inputs of the op's shape (its heads' bias) is the op on the computed values, reshaped
+    after; the inputs are reshaped at the interface. A row-major reshape is a bitcast, so the
+    reshape moves to the outputs for free where `_sink_rule` (non-unit sizes unchanged) does
+    not apply."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op not in ELEMENTWISE:
+            continue
+        shaped = [a for a in n.args if g.nodes[a].shape]
+        if any(tuple(g.nodes[a].shape) != tuple(n.shape) for a in shaped):
+            continue
+        moved = [  # reshapes of computed values (a broadcast's own rules place it)
+            a
+            for a in shaped
+            if g.nodes[a].op == "reshape" and g.nodes[g.nodes[a].args[0]].op not in _LAID
+        ]
+        sources = {tuple(g.nodes[g.nodes[a].args[0]].shape) for a in moved}
+        if len(sources) != 1:
+            continue
+        (shape,) = sources
+        if is_bitcast(shape, n.shape) or any(a not in moved and a not in g.inputs for a in shaped):
+            continue
+        args = []
+        for a in n.args:
+            if a in moved:
+                args.append(g.nodes[a].args[0])
+            elif a in shaped:
+                like = Node("input", (), shape, g.nodes[a].dtype)
+                args.append(g.new_input(like, a, ("reshape", shape)))
+            else:
+                args.append(a)
+        inner = g.add(Node(n.op, tuple(args), shape, n.dtype, n.params))
+        g.replace(j, g.add(Node("reshape", (inner,), n.shape, n.dtype, make_params())))
+        return True
+    return False
+
+
 def _broadcast_rule(g: LayoutGraph) -> bool:
     """A broadcast that only inserts unit axes (a rank-1 gain or bias made a row) is a reshape,
     which the input and unit rules then move to the interface."""
@@ -559,7 +623,8 @@ def hoist_layouts(program: Program) -> Program:
     changed = False
     for _ in range(MAX_STEPS):
         rules = (
-            _collapse_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule, _input_rule,
+            _collapse_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule,
+            _sink_regroup_rule, _unit_transpose_rule, _input_rule,
             _output_rule, _scale_rule, _shift_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
             _sink_transpose_rule, _grouped_broadcast_rule, _rank_rule,
         )  # fmt: skip
