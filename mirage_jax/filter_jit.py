@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from mirage_jax.api import MirageJit
+from mirage_jax.static_value import Static, same
 
 _DYNAMIC = object()  # marks a traced leaf's place among the static leaves
 
@@ -27,28 +28,6 @@ _DYNAMIC = object()  # marks a traced leaf's place among the static leaves
 def is_array(x: Any) -> bool:
     """Whether `filter_jit` traces this leaf (as `equinox.is_array` decides)."""
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
-
-@jax.tree_util.register_static
-class _Static:
-    """A pytree without leaves that carries a value through `jax.jit`'s outputs (the value is
-    part of the output's tree, so each compiled signature keeps its own)."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and _same(self.value, other.value)
-
-    def __hash__(self) -> int:
-        return 0  # values need not be hashable; equality decides
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # values that do not compare are equal only when identical
-        return a is b
 
 
 class _Signature:
@@ -63,7 +42,7 @@ class _Signature:
             isinstance(other, _Signature)
             and self.tree == other.tree
             and len(self.leaves) == len(other.leaves)
-            and all(a is b or _same(a, b) for a, b in zip(self.leaves, other.leaves))
+            and all(a is b or same(a, b) for a, b in zip(self.leaves, other.leaves))
         )
 
     def __hash__(self) -> int:
@@ -99,7 +78,7 @@ class FilterJit:
             args, kwargs = _merge(signature, kept + donated)
             out = fn(*args, **kwargs)
             out_tree, out_static, out_dynamic = _split(out)
-            return [x for x in out_dynamic if x is not None], _Static((out_tree, out_static))
+            return [x for x in out_dynamic if x is not None], Static((out_tree, out_static))
 
         del combined.__wrapped__  # jax.jit reads combined's own signature, not fn's
         donate_argnums = None if donate == "none" else 2

@@ -19,6 +19,8 @@ from typing import Any
 
 import jax
 
+from mirage_jax.static_value import Static
+
 
 class StateMutation(Exception):
     """The captured function changed the state of an nnx module among its arguments."""
@@ -78,11 +80,6 @@ def watch(fn: Callable[..., Any]) -> Callable[..., Any]:
     return watched
 
 
-def has_modules(args: tuple, kwargs: dict) -> bool:
-    """Whether the arguments hold nnx Variables (so the state may change)."""
-    return bool(_variables((args, kwargs)))
-
-
 class Stateful:
     """Calls of a `MirageJit` whose function changes nnx state: the function runs on the
     arguments' graph definition (static) and state, and the state it leaves is written back."""
@@ -103,7 +100,7 @@ class Stateful:
             args, kwargs = nnx.merge(graphdef, state)
             out = fn(*args, **kwargs)
             out_def, out_state = nnx.split(out)
-            return out_state, _Static(out_def), nnx.state((args, kwargs), nnx.Variable)
+            return out_state, Static(out_def), nnx.state((args, kwargs), nnx.Variable)
 
         del stateful.__wrapped__  # jax.jit reads stateful's own signature, not fn's
         inner = outer.with_options(fn=stateful)
@@ -121,17 +118,3 @@ class Stateful:
         out_state, box, new_state = self.inner(graphdef, state)
         nnx.update((args, kwargs), new_state)
         return nnx.merge(box.value, out_state)
-
-
-@jax.tree_util.register_static
-class _Static:
-    """A leafless pytree carrying the outputs' graph definition through `jax.jit`."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and self.value == other.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
