@@ -16,7 +16,6 @@ whether the outputs match. Results go to `<out>/equinox_builtins.json` and `.md`
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +24,9 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import mirage_jax
-from experiments.reproduce_common import versions
+from experiments.library_blocks import rel_err, run_rows, write
 
 
 class Block(eqx.Module):
@@ -67,11 +65,6 @@ def _case(batch: int, tokens: int, d: int, heads: int, dtype: Any) -> tuple[Bloc
     return block, x.astype(dtype)
 
 
-def _rel_err(a: jax.Array, b: jax.Array) -> float:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
-
-
 def run_case(
     batch: int, tokens: int, d: int, heads: int, dtype: Any, backend: str, calls: int
 ) -> dict[str, Any]:
@@ -91,7 +84,7 @@ def run_case(
             "dtype": jnp.dtype(dtype).name, "first_call_s": round(first, 2),
             "kernels": sum(d.status == "kernel" for d in decisions),
             "regions": [(d.index, d.status, d.reason[:160]) for d in decisions],
-            "rel_err": _rel_err(got, want),
+            "rel_err": rel_err(got, want),
         }  # fmt: skip
         if jax.devices()[0].platform == "gpu":
             from mirage_jax.profile import time_trace
@@ -105,25 +98,6 @@ def run_case(
             row["mirage_us"] = round(timed(ours), 2)
             row["speedup"] = round(row["equinox_us"] / row["mirage_us"], 3)
     return row
-
-
-def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [
-        "# equinox built-in layers: mirage_jax.filter_jit against equinox.filter_jit",
-        "",
-        f"Method: {meta['method']}. Machine: {meta['device']}. Versions: {meta['versions']}.",
-        "",
-        "| batch | tokens | d_model | first call (s) | equinox.filter_jit (µs) "
-        "| mirage_jax.filter_jit (µs) | speedup | kernels | rel. error |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch']} | {r['tokens']} | {r['d_model']} | {r['first_call_s']} "
-            f"| {r.get('equinox_us', '–')} | {r.get('mirage_us', '–')} "
-            f"| {r.get('speedup', '–')} | {r['kernels']} | {r['rel_err']:.1e} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -140,25 +114,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         shape, dtype, backend = (8, 32, 4), jnp.float32, "pallas-interpret"
     else:
         shape, dtype, backend = (args.tokens, args.d_model, args.heads), jnp.float16, "auto"
-    rows = []
-    for b in args.batches:
-        row = run_case(b, *shape, dtype, backend, args.calls)
-        print({k: v for k, v in row.items() if k != "regions"}, flush=True)
-        rows.append(row)
-    meta = {
-        "method": "first call by wall clock with an empty cache; device time per call by "
+    rows = run_rows(args.batches, lambda b: run_case(b, *shape, dtype, backend, args.calls))
+    write(
+        args.out,
+        "equinox_builtins",
+        "equinox built-in layers: mirage_jax.filter_jit against equinox.filter_jit",
+        "first call by wall clock with an empty cache; device time per call by "
         "mirage_jax.profile.time_trace (kernel durations from a profiler trace, median of "
         f"{args.calls} calls), both filter jits in the same process",
-        "device": jax.devices()[0].device_kind,
-        "date": time.strftime("%Y-%m-%d"),
-        "versions": versions(),
-    }
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "equinox_builtins.json").write_text(
-            json.dumps({"meta": meta, "rows": rows}, indent=1)
-        )
-        (args.out / "equinox_builtins.md").write_text(_markdown(rows, meta))
+        [("batch", "batch"), ("tokens", "tokens"), ("d_model", "d_model"),
+         ("first call (s)", "first_call_s"), ("equinox.filter_jit (µs)", "equinox_us"),
+         ("mirage_jax.filter_jit (µs)", "mirage_us"), ("speedup", "speedup"),
+         ("kernels", "kernels"), ("rel. error", "rel_err")],
+        rows,
+    )  # fmt: skip
     return rows
 
 

@@ -17,7 +17,6 @@ the graph definition held fixed). Results go to `<out>/nnx_builtins.json` and `.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 import mirage_jax
-from experiments.reproduce_common import versions
+from experiments.library_blocks import rel_err, run_rows, write
 
 
 class Block(nnx.Module):
@@ -60,11 +59,6 @@ def _block(batch: int, cache: int, d: int, heads: int, dtype: Any) -> Block:
     return block
 
 
-def _rel_err(a: jax.Array, b: jax.Array) -> float:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
-
-
 def _stateful(fn: Any) -> Any:
     """`fn(graphdef, state)` of one step: the outputs and the state the step leaves."""
 
@@ -89,9 +83,9 @@ def run_case(
         t0 = time.perf_counter()
         first = jax.block_until_ready(ours(ours_block, xs[0]))
         first_s = time.perf_counter() - t0
-        errs = [_rel_err(first, want[0])]
+        errs = [rel_err(first, want[0])]
         for x, w in zip(xs[1:], want[1:]):
-            errs.append(_rel_err(ours(ours_block, x), w))
+            errs.append(rel_err(ours(ours_block, x), w))
         index = (
             int(ours_block.attn.cache_index.get_value()),
             int(ref_block.attn.cache_index.get_value()),
@@ -118,26 +112,6 @@ def run_case(
     return row
 
 
-def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [
-        "# flax nnx built-in layers, decoding with the cache in the module: mirage_jax.jit "
-        "against nnx.jit",
-        "",
-        f"Method: {meta['method']}. Machine: {meta['device']}. Versions: {meta['versions']}.",
-        "",
-        "| batch | cache | d_model | first call (s) | nnx.jit (µs) | mirage_jax.jit (µs) "
-        "| speedup | kernels | rel. error | cache index (ours, nnx.jit) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch']} | {r['cache']} | {r['d_model']} | {r['first_call_s']} "
-            f"| {r.get('nnx_jit_us', '–')} | {r.get('mirage_us', '–')} | {r.get('speedup', '–')} "
-            f"| {r['kernels']} | {r['rel_err']:.1e} | {r['cache_index']} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="tiny sizes, Pallas interpret mode")
@@ -159,26 +133,24 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         shape, dtype, backend = (8, 32, 4), jnp.float32, "pallas-interpret"
     else:
         shape, dtype, backend = (args.cache, args.d_model, args.heads), args.dtype, "auto"
-    rows = []
-    for b in args.batches:
-        row = run_case(b, *shape, dtype, backend, args.steps, args.calls)
-        print({k: v for k, v in row.items() if k != "regions"}, flush=True)
-        rows.append(row)
-    meta = {
-        "method": "first call by wall clock with an empty cache; outputs of each decode step "
-        "against nnx.jit's; device time per step by mirage_jax.profile.time_trace (kernel "
-        f"durations from a profiler trace, median of {args.calls} calls), both as jax.jit "
-        "functions of the module's state in the same process",
-        "device": jax.devices()[0].device_kind,
-        "date": time.strftime("%Y-%m-%d"),
-        "versions": versions(),
-    }
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "nnx_builtins.json").write_text(
-            json.dumps({"meta": meta, "rows": rows}, indent=1)
-        )
-        (args.out / "nnx_builtins.md").write_text(_markdown(rows, meta))
+    rows = run_rows(
+        args.batches, lambda b: run_case(b, *shape, dtype, backend, args.steps, args.calls)
+    )
+    write(
+        args.out,
+        "nnx_builtins",
+        "flax nnx built-in layers, decoding with the cache in the module: mirage_jax.jit "
+        "against nnx.jit",
+        "first call by wall clock with an empty cache; outputs of each decode step against "
+        "nnx.jit's; device time per step by mirage_jax.profile.time_trace (kernel durations "
+        f"from a profiler trace, median of {args.calls} calls), both as jax.jit functions of "
+        "the module's state in the same process",
+        [("batch", "batch"), ("cache", "cache"), ("d_model", "d_model"),
+         ("first call (s)", "first_call_s"), ("nnx.jit (µs)", "nnx_jit_us"),
+         ("mirage_jax.jit (µs)", "mirage_us"), ("speedup", "speedup"), ("kernels", "kernels"),
+         ("rel. error", "rel_err"), ("cache index (ours, nnx.jit)", "cache_index")],
+        rows,
+    )  # fmt: skip
     return rows
 
 

@@ -288,6 +288,30 @@ def _lift_rule(g: LayoutGraph) -> bool:
     return False
 
 
+def _op_before(
+    g: LayoutGraph,
+    j: int,
+    moved: Sequence[int],
+    shape: tuple[int, ...],
+    in_step: tuple[str, Any],
+    after: tuple[str, Any],
+) -> None:
+    """Replace elementwise node j by its op on the sources of its `moved` layout operands
+    (`shape`), its other shaped operands (inputs) taken at the interface through `in_step`,
+    then the layout op `after` (op name, params) back to j's shape."""
+    n = g.nodes[j]
+    args = []
+    for a in n.args:
+        if a in moved:
+            args.append(g.nodes[a].args[0])
+        elif g.nodes[a].shape:
+            args.append(g.new_input(Node("input", (), shape, g.nodes[a].dtype), a, in_step))
+        else:
+            args.append(a)
+    inner = g.add(Node(n.op, tuple(args), shape, n.dtype, n.params))
+    g.replace(j, g.add(Node(after[0], (inner,), n.shape, n.dtype, after[1])))
+
+
 def _sink_transpose_rule(g: LayoutGraph) -> bool:
     """An elementwise op on transposes (one permutation) of computed values is the op on those
     values, transposed after; an input operand of the op's shape is transposed back at the
@@ -307,17 +331,7 @@ def _sink_transpose_rule(g: LayoutGraph) -> bool:
             continue
         (perm,) = perms
         inner_shape = tuple(n.shape[k] for k in inverse(perm))
-        args = []
-        for a in n.args:
-            if a in moved:
-                args.append(g.nodes[a].args[0])
-            elif a in shaped:
-                like = Node("input", (), inner_shape, g.nodes[a].dtype)
-                args.append(g.new_input(like, a, ("transpose", inverse)))
-            else:
-                args.append(a)
-        inner = g.add(Node(n.op, tuple(args), inner_shape, n.dtype, n.params))
-        g.replace(j, g.add(Node("transpose", (inner,), n.shape, n.dtype, _perm(perm))))
+        _op_before(g, j, moved, inner_shape, ("transpose", inverse), ("transpose", _perm(perm)))
         return True
     return False
 
@@ -400,17 +414,7 @@ def _sink_regroup_rule(g: LayoutGraph) -> bool:
         (shape,) = sources
         if is_bitcast(shape, n.shape) or any(a not in moved and a not in g.inputs for a in shaped):
             continue
-        args = []
-        for a in n.args:
-            if a in moved:
-                args.append(g.nodes[a].args[0])
-            elif a in shaped:
-                like = Node("input", (), shape, g.nodes[a].dtype)
-                args.append(g.new_input(like, a, ("reshape", shape)))
-            else:
-                args.append(a)
-        inner = g.add(Node(n.op, tuple(args), shape, n.dtype, n.params))
-        g.replace(j, g.add(Node("reshape", (inner,), n.shape, n.dtype, make_params())))
+        _op_before(g, j, moved, shape, ("reshape", shape), ("reshape", make_params()))
         return True
     return False
 
