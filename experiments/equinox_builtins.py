@@ -15,7 +15,6 @@ whether the outputs match. Results go to `<out>/equinox_builtins.json` and `.md`
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 import mirage_jax
-from experiments.library_blocks import rel_err, run_rows, write
+from experiments.library_blocks import parser, rel_err, run_rows, write
 
 
 class Block(eqx.Module):
@@ -101,14 +100,8 @@ def run_case(
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpu", action="store_true", help="tiny sizes, Pallas interpret mode")
-    p.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    p = parser(__doc__, heads=16)
     p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--d-model", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--calls", type=int, default=30)
-    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.cpu:
         shape, dtype, backend = (8, 32, 4), jnp.float32, "pallas-interpret"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -13,6 +14,19 @@ import jax
 import numpy as np
 
 from experiments.reproduce_common import versions
+
+
+def parser(doc: str, heads: int) -> argparse.ArgumentParser:
+    """The options both experiments take (`--cpu`, `--batches`, `--d-model`, `--heads`,
+    `--calls`, `--out`); each adds its own."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--cpu", action="store_true", help="tiny sizes, Pallas interpret mode")
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--out", type=Path, default=None)
+    return p
 
 
 def rel_err(a: Any, b: Any) -> float:

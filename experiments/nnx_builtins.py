@@ -16,7 +16,6 @@ the graph definition held fixed). Results go to `<out>/nnx_builtins.json` and `.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 import mirage_jax
-from experiments.library_blocks import rel_err, run_rows, write
+from experiments.library_blocks import parser, rel_err, run_rows, write
 
 
 class Block(nnx.Module):
@@ -113,12 +112,8 @@ def run_case(
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpu", action="store_true", help="tiny sizes, Pallas interpret mode")
-    p.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    p = parser(__doc__, heads=8)
     p.add_argument("--cache", type=int, default=512)
-    p.add_argument("--d-model", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument(
         "--dtype",
@@ -126,8 +121,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="on the GPU (bfloat16: flax's float16 attention asks XLA for a dot algorithm, "
         "F16_F16_F32, that the H200 with jax 0.11.2 rejects under nnx.jit itself)",
     )
-    p.add_argument("--calls", type=int, default=30)
-    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.cpu:
         shape, dtype, backend = (8, 32, 4), jnp.float32, "pallas-interpret"
