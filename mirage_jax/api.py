@@ -63,6 +63,7 @@ from mirage_jax.regions import with_xla_jvp as with_xla_jvp
 from mirage_jax.resolve import RegionDecision as RegionDecision
 from mirage_jax.resolve import Resolver, xla_decision
 from mirage_jax.scan_bodies import has_scan, with_scan_bodies
+from mirage_jax.static_leaves import hint_static_leaves
 
 BACKENDS = tuple(backends.CHOICES)
 """What `backend=` accepts (`mirage_jax.lower.backends.CHOICES` says what each is)."""
@@ -209,8 +210,6 @@ class MirageJit:
             self._stateful = Stateful(self, e)
             return self._stateful(args, kwargs)
         except (TypeError, jax.errors.ConcretizationTypeError) as e:
-            from mirage_jax.filter_jit import hint_static_leaves  # it imports this module
-
             hint_static_leaves(e, args, kwargs)
             raise
         if self.stats.traces != traces and trace_context_size() != self._context_size:

@@ -17,17 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from mirage_jax.api import MirageJit
+from mirage_jax.static_leaves import is_array
 from mirage_jax.static_value import Static, same
 
 _DYNAMIC = object()  # marks a traced leaf's place among the static leaves
-
-
-def is_array(x: Any) -> bool:
-    """Whether `filter_jit` traces this leaf (as `equinox.is_array` decides)."""
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
 class _Signature:
@@ -136,26 +131,6 @@ class FilterJit:
 
     def __repr__(self) -> str:
         return f"<mirage_jax.filter_jit {getattr(self.fn, '__qualname__', self.fn)!r}>"
-
-
-def hint_static_leaves(e: BaseException, args: tuple, kwargs: dict) -> None:
-    """Add a note to `e` (raised by `mirage_jax.jit`) where the arguments hold leaves that are
-    no arrays, such as an equinox module's flag or function: jax.jit traces them, `filter_jit`
-    holds them static."""
-    odd = [
-        (prefix + jax.tree_util.keystr(path), type(x).__name__)
-        for prefix, tree in (("args", args), ("kwargs", kwargs))
-        for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-        if not is_array(x)
-    ]
-    if odd:
-        named = ", ".join(f"{t} at {p}" for p, t in odd[:4])
-        named += f" and {len(odd) - 4} more" if len(odd) > 4 else ""
-        e.add_note(
-            f"mirage_jax.jit traces every argument leaf, as jax.jit does; these are no arrays: "
-            f"{named}. mirage_jax.filter_jit holds such leaves static, as equinox.filter_jit "
-            "does (or pass them with static_argnums)."
-        )
 
 
 def _hashable(x: Any) -> bool:
