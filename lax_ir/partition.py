@@ -21,7 +21,14 @@ from lax_ir.interface import adapt
 from lax_ir.interpret import FloatAlgebra, eval_node, evaluate
 from lax_ir.layouts import hoist_layouts
 from lax_ir.ops import OPS
-from lax_ir.pieces import array_constants, constant_like, demotions, gemm_cuts, piece_labels
+from lax_ir.pieces import (
+    array_constants,
+    capture_regroups,
+    constant_like,
+    demotions,
+    gemm_cuts,
+    piece_labels,
+)
 from lax_ir.program import Node, Program, make_params
 from lax_ir.slices import absorb_slices
 
@@ -233,7 +240,8 @@ def partition(program: Program, pieces: bool = True) -> Partition:
             for i, why in demoted.items():
                 kinds[i], reasons[i] = "residual", why
             kept = [i for i in g if i not in demoted]
-            labels.update(piece_labels(program, kept, gemm_cuts(program, kept)))
+            cuts = gemm_cuts(program, kept) | capture_regroups(program, kept)
+            labels.update(piece_labels(program, kept, cuts))
         cls = Classification(tuple(kinds), reasons)
         groups = _group(program, cls, labels)
     return _assemble(program, cls, groups)

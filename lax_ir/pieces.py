@@ -24,6 +24,10 @@ maximal regions are formed, `refine`:
    computed operands (Q and K after rotary embeddings) are cuts, so the attention piece starts
    at them and the rotary embedding is a piece of its own.
 
+3. cuts before a reshape the capture made to regroup a contraction's axes (flax nnx's output
+   projection over (heads, head dim)): it has no traced value for XLA to run it apart, so the
+   piece ends at its traced operand instead (`capture_regroups`).
+
 Constants laid out by reshapes and broadcasts are copied into the regions that read them
 (`constant_like`), so a zero or a table cuts nothing.
 """
@@ -231,6 +235,31 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
                     pulled = True
         cuts |= ends
     return cuts
+
+
+def capture_regroups(program: Program, kept: Iterable[int]) -> set[int]:
+    """Cuts before the capture's own regrouping reshapes: a contraction over several axes (flax
+    nnx's output projection over (heads, head dim)) is captured as a reshape and a matmul, and
+    that reshape has no traced value, so XLA cannot run it apart (`demotions` keeps it). Where
+    it regroups the last axis (the contraction's) and its operand is a traced value, a piece
+    starts after the operand: the reshape opens the
+    next piece at its edge, where `lax_ir.layouts` moves it to the interface, and the attention
+    before it is a piece of its own."""
+    origins = program.meta.get("origins")
+    if origins is None:
+        return set()
+    kept = set(kept)
+    out: set[int] = set()
+    for i in kept:
+        n = program.nodes[i]
+        src = program.nodes[n.args[0]].shape if n.args else ()
+        if n.op != "reshape" or not src or src[-1] == n.shape[-1]:
+            continue  # rows flattened for a 2-D matmul (GPT-2's [B, T, D]) are searchable
+        if restructures(program, i) and not origins[i]:
+            a = n.args[0]
+            if a in kept and origins[a]:
+                out.add(a)
+    return out
 
 
 def piece_labels(program: Program, kept: Iterable[int], cuts: set[int]) -> dict[int, int]:

@@ -66,3 +66,20 @@ def test_an_nnx_linear_general_projection_gets_a_kernel():
     got = f(m, x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(lambda m, x: m(x))(m, x)), 1e-4)
     assert any(d.status == "kernel" for d in f.last.decisions), f.last.decisions
+
+
+def test_nnx_decode_attention_is_a_piece_of_its_own_without_blockers():
+    """`nnx.MultiHeadAttention(decode=True)`'s output projection contracts (heads, head dim):
+    the capture's reshape before its matmul has no traced value, so the piece cut is placed
+    before it (`lax_ir.pieces.capture_regroups`); the attention and the projection are then
+    regions with nothing the search cannot express."""
+    from experiments.nnx_builtins import _block, step
+
+    block = _block(1, 8, 32, 4, jnp.float32)
+    part = lax_ir.partition(lax_ir.capture(step, block, jnp.ones((1, 1, 32), jnp.float32)))
+    searched = [r for r in part.regions if not r.is_trivial]
+    attention = [r for r in searched if "exp" in r.program.op_counts()]
+    assert len(attention) == 1 and attention[0].program.op_counts()["matmul"] == 2
+    for r in searched:
+        if r.program.op_counts().get("matmul"):
+            assert not blockers(r.program), (r.index, blockers(r.program))

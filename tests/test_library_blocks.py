@@ -13,5 +13,5 @@ def test_equinox_layers_under_filter_jit(tmp_path):
 
 def test_nnx_layers_decoding_with_their_cache_in_the_module(tmp_path):
     (row,) = nnx_builtins.main(["--cpu", "--batches", "1", "--steps", "2", "--out", str(tmp_path)])
-    assert row["rel_err"] < 1e-4 and row["kernels"] >= 1, row
+    assert row["rel_err"] < 1e-4 and row["kernels"] >= 2, row  # the MLP and the attention
     assert row["carried_state"] and row["cache_index"] == (2, 2), row
