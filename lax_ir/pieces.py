@@ -253,7 +253,7 @@ def capture_regroups(program: Program, kept: Iterable[int]) -> set[int]:
     for i in kept:
         n = program.nodes[i]
         src = program.nodes[n.args[0]].shape if n.args else ()
-        if n.op != "reshape" or not src or src[-1] == n.shape[-1]:
+        if n.op != "reshape" or not src or not n.shape or src[-1] == n.shape[-1]:
             continue  # rows flattened for a 2-D matmul (GPT-2's [B, T, D]) are searchable
         if restructures(program, i) and not origins[i]:
             a = n.args[0]
