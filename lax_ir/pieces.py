@@ -242,9 +242,9 @@ def capture_regroups(program: Program, kept: Iterable[int]) -> set[int]:
     nnx's output projection over (heads, head dim)) is captured as a reshape and a matmul, and
     that reshape has no traced value, so XLA cannot run it apart (`demotions` keeps it). Where
     it regroups the last axis (the contraction's) and its operand is a traced value, a piece
-    starts after the operand: the reshape opens the
-    next piece at its edge, where `lax_ir.layouts` moves it to the interface, and the attention
-    before it is a piece of its own."""
+    starts after the operand: the reshape opens the next piece at its edge, where
+    `lax_ir.layouts` moves it to the interface, and the attention before it is a piece of its
+    own."""
     origins = program.meta.get("origins")
     if origins is None:
         return set()

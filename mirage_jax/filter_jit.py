@@ -13,7 +13,7 @@ resolves again, as in `eqx.filter_jit`), and the outputs may hold non-array leav
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -70,7 +70,7 @@ class FilterJit:
 
         @functools.wraps(fn)
         def combined(signature: _Signature, kept: tuple, donated: tuple) -> Any:
-            args, kwargs = _merge(signature, kept + donated)
+            args, kwargs = _merge(signature.tree, signature.leaves, kept + donated)
             out = fn(*args, **kwargs)
             out_tree, out_static, out_dynamic = _split(out)
             return [x for x in out_dynamic if x is not None], Static((out_tree, out_static))
@@ -84,10 +84,7 @@ class FilterJit:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out_dynamic, box = self.jit(*self.jit_args(*args, **kwargs))
-        out_tree, out_static = box.value
-        leaves = iter(out_dynamic)
-        merged = [next(leaves) if s is _DYNAMIC else s for s in out_static]
-        return jax.tree_util.tree_unflatten(out_tree, merged)
+        return _merge(*box.value, out_dynamic)
 
     def jit_args(self, *args: Any, **kwargs: Any) -> tuple[Any, tuple, tuple]:
         """The arguments `.jit` takes for these: the static half, the arrays kept, the arrays
@@ -141,10 +138,12 @@ def _hashable(x: Any) -> bool:
     return True
 
 
-def _merge(signature: _Signature, dynamic: tuple[Any, ...]) -> tuple[tuple, dict]:
+def _merge(tree: Any, static: tuple[Any, ...], dynamic: Sequence[Any]) -> Any:
+    """The pytree `_split` took apart: the traced leaves back in their `_DYNAMIC` places."""
     leaves = iter(dynamic)
-    merged = [next(leaves) if s is _DYNAMIC else s for s in signature.leaves]
-    return jax.tree_util.tree_unflatten(signature.tree, merged)
+    return jax.tree_util.tree_unflatten(
+        tree, [next(leaves) if s is _DYNAMIC else s for s in static]
+    )
 
 
 def _donation(donate: str, args: tuple, dynamic: list[Any]) -> tuple[tuple, tuple]:

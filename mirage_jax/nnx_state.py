@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 
+from mirage_jax.static_leaves import argument_path
 from mirage_jax.static_value import Static
 
 
@@ -42,16 +43,7 @@ def _variables(tree: Any) -> list[tuple[str, Any, Any]]:
     found = jax.tree_util.tree_flatten_with_path(
         tree, is_leaf=lambda x: isinstance(x, nnx.Variable)
     )[0]
-    return [(_named(p), v, v.get_value()) for p, v in found if isinstance(v, nnx.Variable)]
-
-
-def _named(path: tuple) -> str:
-    """`args[0].cache_index` for the path ((0, 0, cache_index)) into (args, kwargs)."""
-    text = jax.tree_util.keystr(path)
-    for prefix, name in (("[0]", "args"), ("[1]", "kwargs")):
-        if text.startswith(prefix):
-            return name + text[len(prefix) :]
-    return text
+    return [(argument_path(p), v, v.get_value()) for p, v in found if isinstance(v, nnx.Variable)]
 
 
 def watch(fn: Callable[..., Any]) -> Callable[..., Any]:

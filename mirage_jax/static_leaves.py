@@ -1,5 +1,6 @@
 """Argument leaves that are no arrays: which leaves `filter_jit` traces (`is_array`), and the
-note `mirage_jax.jit` adds to an error where the arguments hold others (`hint_static_leaves`)."""
+note `mirage_jax.jit` adds to an error where the arguments hold others (`hint_static_leaves`),
+naming each by its path (`argument_path`, as `nnx_state` names a changed Variable)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,22 @@ def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
+def argument_path(path: tuple) -> str:
+    """`args[0].cache_index` for a key path into (args, kwargs)."""
+    text = jax.tree_util.keystr(path)
+    for prefix, name in (("[0]", "args"), ("[1]", "kwargs")):
+        if text.startswith(prefix):
+            return name + text[len(prefix) :]
+    return text
+
+
 def hint_static_leaves(e: BaseException, args: tuple, kwargs: dict) -> None:
     """Add a note to `e` (raised by `mirage_jax.jit`) where the arguments hold leaves that are
     no arrays, such as an equinox module's flag or function: jax.jit traces them, `filter_jit`
     holds them static."""
     odd = [
-        (prefix + jax.tree_util.keystr(path), type(x).__name__)
-        for prefix, tree in (("args", args), ("kwargs", kwargs))
-        for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+        (argument_path(path), type(x).__name__)
+        for path, x in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
         if not is_array(x)
     ]
     if odd:

@@ -139,7 +139,7 @@ vocabulary): every region with one of them, among the unseen model code's on the
 got no kernel, and nnx's decode attention spent 49 s of a 60 s budget (H200) finding none."""
 
 
-def one_piece_dead_ends(program: Program) -> list[str]:
-    """The `blockers` of `program` that make its one-piece enumeration a dead end
+def one_piece_dead_ends(found: list[str]) -> list[str]:
+    """The `blockers` found (a program's) that make its one-piece enumeration a dead end
     (`STRUCTURAL`); the search then leaves that enumeration out (its pieces are still cut)."""
-    return [b for b in blockers(program) if b.startswith(STRUCTURAL)]
+    return [b for b in found if b.startswith(STRUCTURAL)]

@@ -49,7 +49,7 @@ from mirage_jax.search import predefined as pre_mod
 from mirage_jax.search.budget import Budget as Budget
 from mirage_jax.search.confirm import call, confirm
 from mirage_jax.search.cut_search import search_cuts
-from mirage_jax.search.diagnose import one_piece_dead_ends
+from mirage_jax.search.diagnose import blockers, one_piece_dead_ends
 from mirage_jax.search.enumerate import Counters
 from mirage_jax.search.recipe import RECIPE, encode
 from mirage_jax.search.schedule import numbers_for
@@ -156,6 +156,7 @@ def _search(
     t0 = time.perf_counter()
     problem = prepare(program, seed=seed, budget=budget)
     tasks = tasks_of(problem, budget)
+    blocked = blockers(program)  # what no µGraph expresses: skips, and the message where none
     seconds["prepare"] = time.perf_counter() - t0
 
     # with cuts possible, the one-piece enumeration gets a share of the time, the pieces the rest
@@ -172,7 +173,7 @@ def _search(
     with pool_for(workers) as raw:
         pool = None if raw is None else _Dispatch(raw, *problem_blob(problem))
         try:
-            dead_ends = one_piece_dead_ends(program)
+            dead_ends = one_piece_dead_ends(blocked)
             if dead_ends:  # no one-piece µGraph can express them: the pieces get the time
                 run.stats["one_piece_skipped"] = dead_ends
             else:
@@ -306,12 +307,9 @@ def _search(
         stop_reason = "no-candidates"
     message = _message(kept, stop_reason, descriptions)
     if not kept:
-        from mirage_jax.search.diagnose import blockers
-
-        found = blockers(program)
-        stats["blockers"] = found
-        if found:
-            message += "; what the search does not handle yet here: " + "; ".join(found)
+        stats["blockers"] = blocked
+        if blocked:
+            message += "; what the search does not handle yet here: " + "; ".join(blocked)
     from mirage_jax.log import logger
 
     logger.debug(
