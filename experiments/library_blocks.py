@@ -82,6 +82,6 @@ def write(
 def _cell(v: Any) -> str:
     if v is None:
         return "–"
-    if isinstance(v, float) and abs(v) < 1e-2:
+    if isinstance(v, float) and 0 < abs(v) < 0.1:
         return f"{v:.1e}"
     return str(v)

@@ -227,6 +227,60 @@ def _collapse_rule(g: LayoutGraph) -> bool:
     return False
 
 
+def _compose_rule(g: LayoutGraph) -> bool:
+    """A transpose of a transpose of a computed value is one transpose (flax's V plus its bias,
+    `bqhd -> bhdq -> bhqd`); one that restores its source's order is the source. (Of an input,
+    the two become interface steps as they are.)"""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "transpose" or g.nodes[n.args[0]].op != "transpose":
+            continue
+        inner = g.nodes[n.args[0]]
+        if g.nodes[inner.args[0]].op == "input":
+            continue
+        first = inner.param("permutation")
+        perm = tuple(first[p] for p in n.param("permutation"))
+        x = inner.args[0]
+        if perm == tuple(range(len(perm))):
+            g.replace(j, x)
+        else:
+            g.replace(j, g.add(Node("transpose", (x,), n.shape, n.dtype, _perm(perm))))
+        return True
+    return False
+
+
+def _raise_transpose_rule(g: LayoutGraph) -> bool:
+    """A transpose of an elementwise op on inputs (V plus its heads' bias, then laid out for
+    P V: flax's attention) is the op on the inputs transposed at the interface; an input of
+    lower rank (the bias, broadcast from the right) first gets leading unit axes."""
+    for j in g.live():
+        n = g.nodes[j]
+        e = n.args[0] if n.op == "transpose" else None
+        if e is None or g.nodes[e].op not in ELEMENTWISE or g.users(e) != [j]:
+            continue
+        en, perm = g.nodes[e], tuple(n.param("permutation"))
+        shaped = [a for a in en.args if g.nodes[a].shape]
+        if not shaped or any(a not in g.inputs for a in shaped):
+            continue
+        args = []
+        for a in en.args:
+            an = g.nodes[a]
+            if not an.shape:
+                args.append(a)
+                continue
+            src = a
+            if len(an.shape) < len(en.shape):
+                full = (1,) * (len(en.shape) - len(an.shape)) + tuple(an.shape)
+                like = Node("reshape", (a,), full, an.dtype, make_params())
+                src = g.new_input(like, a, _step(like))
+            shape = tuple(g.nodes[src].shape[p] for p in perm)
+            like = Node("transpose", (src,), shape, an.dtype, _perm(perm))
+            args.append(g.new_input(like, src, _step(like)))
+        g.replace(j, g.add(Node(en.op, tuple(args), n.shape, en.dtype, en.params)))
+        return True
+    return False
+
+
 def _column_rule(g: LayoutGraph) -> bool:
     """`W @ v` with v a column (`[.., K, 1]`, equinox's `weight @ x`) and W an input is
     `(vᵀ Wᵀ)ᵀ`: the transposes of the column and of the result are bitcasts, and Wᵀ is the
@@ -295,15 +349,20 @@ def _op_before(
     shape: tuple[int, ...],
     in_step: tuple[str, Any],
     after: tuple[str, Any],
+    in_shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> None:
     """Replace elementwise node j by its op on the sources of its `moved` layout operands
-    (`shape`), its other shaped operands (inputs) taken at the interface through `in_step`,
-    then the layout op `after` (op name, params) back to j's shape."""
+    (`shape`), its other shaped operands (inputs) taken at the interface through `in_step`
+    (or, for those in `in_shapes`, reshaped to the shape given there), then the layout op
+    `after` (op name, params) back to j's shape."""
     n = g.nodes[j]
     args = []
     for a in n.args:
         if a in moved:
             args.append(g.nodes[a].args[0])
+        elif in_shapes and a in in_shapes:
+            like = Node("input", (), in_shapes[a], g.nodes[a].dtype)
+            args.append(g.new_input(like, a, ("reshape", in_shapes[a])))
         elif g.nodes[a].shape:
             args.append(g.new_input(Node("input", (), shape, g.nodes[a].dtype), a, in_step))
         else:
@@ -331,7 +390,7 @@ def _sink_transpose_rule(g: LayoutGraph) -> bool:
             continue
         (perm,) = perms
         inner_shape = tuple(n.shape[k] for k in inverse(perm))
-        _op_before(g, j, moved, inner_shape, ("transpose", inverse), ("transpose", _perm(perm)))
+        _op_before(g, j, moved, inner_shape, ("transpose", inverse(perm)), ("transpose", _perm(perm)))
         return True
     return False
 
@@ -391,22 +450,23 @@ _LAID = ("input", "constant", "broadcast_in_dim", "reshape", "transpose")
 
 def _sink_regroup_rule(g: LayoutGraph) -> bool:
     """An elementwise op on reshapes that regroup one computed shape's axes (a projection's
-    row split into heads: flax nnx's `LinearGeneral`, [1, 1024] -> [1, 1, 8, 128]) and on
-    inputs of the op's shape (its heads' bias) is the op on the computed values, reshaped
-    after; the inputs are reshaped at the interface. A row-major reshape is a bitcast, so the
-    reshape moves to the outputs for free where `_sink_rule` (non-unit sizes unchanged) does
-    not apply."""
+    row split into heads: flax nnx's `LinearGeneral`, [1, 1024] -> [1, 1, 8, 128]; its rows
+    split back into batch and tokens, [32, 64] -> [2, 16, 64]) and on inputs of the op's shape
+    or broadcast along whole regrouped blocks (its heads' bias, a [1, 1, 64] bias) is the op
+    on the computed values, reshaped after; the inputs are reshaped at the interface. A
+    row-major reshape is a bitcast, so the reshape moves to the outputs for free where
+    `_sink_rule` (non-unit sizes unchanged) does not apply."""
     for j in g.live():
         n = g.nodes[j]
         if n.op not in ELEMENTWISE:
             continue
         shaped = [a for a in n.args if g.nodes[a].shape]
-        if any(tuple(g.nodes[a].shape) != tuple(n.shape) for a in shaped):
-            continue
         moved = [  # reshapes of computed values (a broadcast's own rules place it)
             a
             for a in shaped
-            if g.nodes[a].op == "reshape" and g.nodes[g.nodes[a].args[0]].op not in _LAID
+            if g.nodes[a].op == "reshape"
+            and g.nodes[g.nodes[a].args[0]].op not in _LAID
+            and tuple(g.nodes[a].shape) == tuple(n.shape)
         ]
         sources = {tuple(g.nodes[g.nodes[a].args[0]].shape) for a in moved}
         if len(sources) != 1:
@@ -414,9 +474,39 @@ def _sink_regroup_rule(g: LayoutGraph) -> bool:
         (shape,) = sources
         if is_bitcast(shape, n.shape) or any(a not in moved and a not in g.inputs for a in shaped):
             continue
-        _op_before(g, j, moved, shape, ("reshape", shape), ("reshape", make_params()))
+        small = {}
+        for a in shaped:
+            if a not in moved and tuple(g.nodes[a].shape) != tuple(n.shape):
+                small[a] = _regrouped_broadcast(shape, n.shape, g.nodes[a].shape)
+        if any(v is None for v in small.values()):
+            continue
+        _op_before(g, j, moved, shape, ("reshape", shape), ("reshape", make_params()), small)
         return True
     return False
+
+
+def _regrouped_broadcast(
+    src: Sequence[int], dst: Sequence[int], operand: Sequence[int]
+) -> tuple[int, ...] | None:
+    """The shape, laid out as `src`, of an operand broadcast against `dst` (a reshape of
+    `src`), where on each regrouped block it is whole or all units; else None."""
+    if len(operand) > len(dst):
+        return None
+    full = (1,) * (len(dst) - len(operand)) + tuple(operand)
+    if any(o not in (1, d) for o, d in zip(full, dst)):
+        return None
+    blocks = _reshape_blocks(src, dst)
+    if blocks is None:
+        return None
+    out = [1] * len(src)
+    for ins, outs in blocks:
+        kept = [full[o] != 1 for o in outs]
+        if any(kept) != all(kept):
+            return None
+        if all(kept):
+            for k in ins:
+                out[k] = src[k]
+    return tuple(out)
 
 
 def _broadcast_rule(g: LayoutGraph) -> bool:
@@ -627,7 +717,7 @@ def hoist_layouts(program: Program) -> Program:
     changed = False
     for _ in range(MAX_STEPS):
         rules = (
-            _collapse_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule,
+            _collapse_rule, _compose_rule, _raise_transpose_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule,
             _sink_regroup_rule, _unit_transpose_rule, _input_rule,
             _output_rule, _scale_rule, _shift_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
             _sink_transpose_rule, _grouped_broadcast_rule, _rank_rule,

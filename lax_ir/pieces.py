@@ -107,7 +107,10 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
     out: dict[int, str] = {
         i: _RESTRUCTURES.format(op=nodes[i].op)
         for i in group
-        if nodes[i].op in LAYOUT and restructures(program, i) and placed(i, *nodes[i].args)
+        if nodes[i].op in LAYOUT
+        and restructures(program, i)
+        and placed(i, *nodes[i].args)
+        and not _biased_split(program, i, inside)
     }
     out.update(  # the µGraph has no concatenation: rotary's rotate-half joins its halves in XLA
         (i, _CONCAT) for i in group if nodes[i].op == "concatenate" and placed(i, *nodes[i].args)
@@ -150,6 +153,28 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
     return out
 
 
+def _biased_split(program: Program, i: int, inside: set[int]) -> bool:
+    """Is node i a reshape of a computed row (a projection's heads split out: flax's
+    `DenseGeneral`) read only by elementwise ops whose other operands come from outside the
+    region (its heads' bias)? It stays: `lax_ir.layouts` moves it past the bias to the
+    interface, so the bias is the projection's epilogue, not an XLA pass of its own."""
+    n, nodes = program.nodes[i], program.nodes
+    if n.op != "reshape" or n.args[0] not in inside or nodes[n.args[0]].op in LAYOUT:
+        return False
+    readers = program.users[i]
+    if not readers or i in program.outputs:
+        return False
+    for u in readers:
+        if u not in inside or nodes[u].op not in ELEMENTWISE or nodes[u].op == "matmul":
+            return False
+        for a in nodes[u].args:
+            while a in inside and nodes[a].op in SHAPE_OPS:
+                a = nodes[a].args[0]
+            if a != n.args[0] and a in inside and nodes[a].op != "constant":
+                return False
+    return True
+
+
 def _reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
     """Is an `exp` reachable from matmul m through kept non-matmul nodes (m is a QKᵀ)?"""
     stack, seen = [m], {m}
@@ -163,6 +188,32 @@ def _reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
             seen.add(u)
             stack.append(u)
     return False
+
+
+def _pv_operands(program: Program, kept: set[int], matmuls: Sequence[int]) -> set[int]:
+    """The computed V of each P V (a matmul reading the softmax's probabilities): a cut, so the
+    attention piece starts at V as at Q and K (flax's V plus its heads' bias runs apart)."""
+    soft: set[int] = set()  # what the region computes from an exp, through non-matmul nodes
+    stack = [i for i in kept if program.nodes[i].op == "exp"]
+    while stack:
+        x = stack.pop()
+        for u in program.users[x]:
+            if u in kept and u not in soft and program.nodes[u].op != "matmul":
+                soft.add(u)
+                stack.append(u)
+    cuts = set()
+    for m in matmuls:
+        args = []
+        for a in program.nodes[m].args:
+            while program.nodes[a].op in SHAPE_OPS and a in kept:
+                a = program.nodes[a].args[0]
+            args.append(a)
+        if sum(a in soft for a in args) != 1:
+            continue
+        v = next(a for a in args if a not in soft)
+        if v in kept and program.nodes[v].op not in ("input", "constant"):
+            cuts.add(v)
+    return cuts
 
 
 def _activation(program: Program, m: int) -> int:
@@ -192,12 +243,15 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
             if a in kept:
                 cuts.add(a)
 
+    cuts |= _pv_operands(program, kept, matmuls)
+
     def free(a: int) -> bool:
         """Is a a value from outside the region, seen through layout ops (a bias row)?"""
         while a in kept and nodes[a].op in SHAPE_OPS:
             a = nodes[a].args[0]
         return a not in kept or nodes[a].op == "constant"
 
+    required = set(cuts)
     for group in sorted(siblings.values()):
         epi = set(group)
         grown = True
@@ -215,7 +269,8 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
                         grown = True
         ends = {x for x in epi if any(u in kept and u not in epi for u in users[x])}
         # An end that is a function of one other epilogue value (h*h, h - 0) is recomputed by
-        # its reader: pull the cut back to that value. So is a convert read by several (the
+        # its reader: pull the cut back to that value (not an attention operand's: flax's
+        # heads' bias on Q, K and V is the projection's epilogue, not an XLA pass of its own). So is a convert read by several (the
         # fp32 copy of a residual stream a norm reads twice): its readers read the stream as
         # stored and widen it in their kernel (an XLA convert of its own cost a launch, 1.1 µs).
         pulled = True
@@ -225,6 +280,7 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
                 inner = [a for a in nodes[x].args if a in epi]
                 if (
                     x not in group
+                    and x not in required  # an attention operand (Q, K, V) stays cut
                     and len(set(inner)) == 1
                     and x not in program.outputs
                     and (len(users[x]) == 1 or nodes[x].op == "convert")

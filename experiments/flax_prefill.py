@@ -1,0 +1,156 @@
+"""A causal prefill block built from flax's own layers, in flax nnx and in flax linen, under
+`mirage_jax.jit` against `nnx.jit` / `jax.jit`: end to end, with a fresh cache and its own
+search.
+
+The block is what a flax user writes from the library: `LayerNorm`, the library's
+multi-head attention (`nnx.MultiHeadAttention(decode=False)`, linen's
+`MultiHeadDotProductAttention`) with `make_causal_mask`, and a `Linear`/`Dense` MLP with GELU.
+The libraries' attention adds each head's bias to Q, K and V and lays V out for P V by two
+transposes; `lax_ir.layouts` and `lax_ir.pieces` make the projections with their biases, the
+attention and the output projection one searchable region each. Rows: the first call
+(capture, search, verification, selection), the device time of each (`mirage_jax.profile.
+time_trace`, GPU only), the kernels kept, and whether the outputs match. Results go to
+`<out>/flax_prefill.json` and `.md`.
+
+    python -m experiments.flax_prefill --out experiments/results/x      # on the GPU
+    python -m experiments.flax_prefill --cpu                            # tiny, interpret
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import mirage_jax
+from experiments.library_blocks import parser, rel_err, run_rows, write
+
+
+class NnxBlock(nnx.Module):
+    """Pre-LN causal block: x + attn(ln(x)), then + mlp(ln(.)); x (B, T, D)."""
+
+    def __init__(self, d: int, heads: int, dtype: Any, rngs: nnx.Rngs):
+        kw = {"dtype": dtype, "param_dtype": dtype, "rngs": rngs}
+        self.ln1 = nnx.LayerNorm(d, **kw)
+        self.attn = nnx.MultiHeadAttention(heads, d, decode=False, **kw)
+        self.ln2 = nnx.LayerNorm(d, **kw)
+        self.up = nnx.Linear(d, 4 * d, **kw)
+        self.down = nnx.Linear(4 * d, d, **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x (B, T, D) -> (B, T, D)."""
+        x = x + self.attn(self.ln1(x), mask=nnx.make_causal_mask(x[..., 0]))
+        return x + self.down(jax.nn.gelu(self.up(self.ln2(x))))
+
+
+class LinenBlock(nn.Module):
+    """The same block in flax linen."""
+
+    heads: int
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x (B, T, D) -> (B, T, D)."""
+        kw = {"dtype": self.dtype, "param_dtype": self.dtype}
+        h = nn.LayerNorm(**kw)(x)
+        attn = nn.MultiHeadDotProductAttention(num_heads=self.heads, **kw)
+        x = x + attn(h, h, mask=nn.make_causal_mask(x[..., 0]))
+        h = nn.Dense(4 * x.shape[-1], **kw)(nn.LayerNorm(**kw)(x))
+        return x + nn.Dense(x.shape[-1], **kw)(jax.nn.gelu(h))
+
+
+def nnx_forward(block: NnxBlock, x: jax.Array) -> jax.Array:
+    """The nnx block's prefill."""
+    return block(x)
+
+
+def _timed(fn: Any, args: tuple, calls: int) -> float:
+    from mirage_jax.profile import time_trace
+
+    return round(float(time_trace(fn, args, calls=calls).median_us), 2)
+
+
+def run_case(
+    library: str,
+    batch: int,
+    tokens: int,
+    d: int,
+    heads: int,
+    dtype: Any,
+    backend: str,
+    calls: int,
+) -> dict[str, Any]:
+    """One row: mirage_jax.jit (fresh cache) against the library's own jit."""
+    x = jax.random.normal(jax.random.PRNGKey(1), (batch, tokens, d), jnp.float32).astype(dtype)
+    if library == "nnx":
+        block = NnxBlock(d, heads, dtype, nnx.Rngs(0))
+        ref, fn, args = nnx.jit(nnx_forward), nnx_forward, (block, x)
+    else:
+        model = LinenBlock(heads, dtype)
+        params = model.init(jax.random.PRNGKey(0), x)
+        fn = model.apply
+        ref, args = jax.jit(fn), (params, x)
+    want = ref(*args)  # first: where the library's own jit fails, it says so
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = mirage_jax.jit(fn, backend=backend, cache=Path(tmp) / "c.sqlite")
+        t0 = time.perf_counter()
+        got = jax.block_until_ready(ours(*args))
+        first = time.perf_counter() - t0
+        decisions = ours.last.decisions
+        row: dict[str, Any] = {
+            "library": library, "batch": batch, "tokens": tokens, "d_model": d,
+            "heads": heads, "dtype": jnp.dtype(dtype).name, "first_call_s": round(first, 2),
+            "kernels": sum(d.status == "kernel" for d in decisions),
+            "regions": [(d.index, d.status, d.reason[:160]) for d in decisions],
+            "rel_err": rel_err(got, want),
+        }  # fmt: skip
+        if jax.devices()[0].platform == "gpu":
+            row["library_us"] = _timed(ref, args, calls)
+            row["mirage_us"] = _timed(ours, args, calls)
+            row["speedup"] = round(row["library_us"] / row["mirage_us"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    p = parser(__doc__, heads=16)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--libraries", nargs="*", default=["nnx", "linen"], choices=["nnx", "linen"])
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="on the GPU (bfloat16: flax's float16 attention asks XLA for a dot algorithm, "
+        "F16_F16_F32, that the H200 with jax 0.11.2 rejects under jax.jit itself)",
+    )
+    args = p.parse_args(argv)
+    if args.cpu:
+        shape, dtype, backend = (8, 32, 4), jnp.float32, "pallas-interpret"
+    else:
+        shape, dtype, backend = (args.tokens, args.d_model, args.heads), args.dtype, "auto"
+    cases = [(lib, b) for lib in args.libraries for b in args.batches]
+    rows = run_rows(cases, lambda c: run_case(*c, *shape, dtype, backend, args.calls))
+    write(
+        args.out,
+        "flax_prefill",
+        "flax's own layers (nnx and linen), causal prefill: mirage_jax.jit against the "
+        "library's jit",
+        "first call by wall clock with an empty cache; device time per call by "
+        "mirage_jax.profile.time_trace (kernel durations from a profiler trace, median of "
+        f"{args.calls} calls), nnx.jit (nnx) or jax.jit (linen) in the same process",
+        [("library", "library"), ("batch", "batch"), ("tokens", "tokens"),
+         ("d_model", "d_model"), ("first call (s)", "first_call_s"),
+         ("library's jit (µs)", "library_us"), ("mirage_jax.jit (µs)", "mirage_us"),
+         ("speedup", "speedup"), ("kernels", "kernels"), ("rel. error", "rel_err")],
+        rows,
+    )  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    main()
