@@ -390,7 +390,9 @@ def _sink_transpose_rule(g: LayoutGraph) -> bool:
             continue
         (perm,) = perms
         inner_shape = tuple(n.shape[k] for k in inverse(perm))
-        _op_before(g, j, moved, inner_shape, ("transpose", inverse(perm)), ("transpose", _perm(perm)))
+        _op_before(
+            g, j, moved, inner_shape, ("transpose", inverse(perm)), ("transpose", _perm(perm))
+        )
         return True
     return False
 
