@@ -694,3 +694,29 @@ def test_thread_level_epilogues():
     g2 = gated_mlp_graph()
     bg2 = g2.graph_defined()[0][1].block_graph
     assert [bg2.ops[c - 3].op for ch in epilogues(bg2).values() for c in ch] == ["silu"]
+
+
+def test_a_gemm_of_an_fp32_value_and_16_bit_weights_rounds_the_value_first():
+    """A stitched piece leaves its cut value in fp32 (its accumulator); the next piece's
+    pre-defined GEMM reads it with bfloat16 weights. The GEMM rounds it to bfloat16 first, as
+    the program did where it cut, and its result is bfloat16; other mixed ops stay errors."""
+    import jax.numpy as jnp
+
+    from mirage_jax.mugraph.evaluate import evaluate
+
+    kb = MuGraphBuilder()
+    x, w = kb.input((4, 8), "float32"), kb.input((8, 16), "bfloat16")
+    g = kb.build([kb.op("matmul", x, w)])
+    assert g.output_avals == (((4, 16), "bfloat16"),)
+    rng = np.random.default_rng(0)
+    xv = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
+    wv = jnp.asarray(rng.standard_normal((8, 16)), jnp.bfloat16)
+    (got,) = evaluate(g, xv, wv)
+    want = jnp.matmul(xv.astype(jnp.bfloat16), wv, preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32), np.asarray(want.astype(jnp.bfloat16), np.float32)
+    )
+    kb = MuGraphBuilder()
+    a, b = kb.input((4, 8), "float32"), kb.input((4, 8), "bfloat16")
+    with pytest.raises(MuGraphError, match="operand dtypes differ"):
+        kb.build([kb.op("add", a, b)]).shapes  # noqa: B018

@@ -570,12 +570,13 @@ def _two_input_region(fn, second=(32, 32)):
 
 
 def _attention_scores(q, k):
-    """Scores against a transposed computed K (a transposed input is moved to the region's
-    interface by `lax_ir.layouts`, so it no longer stops the search; `q (2k)ᵀ` becomes
-    `((2k) qᵀ)ᵀ`, whose transpose a softmax then keeps inside the region)."""
+    """Scores against a transposed computed K (a transposed input, or an elementwise op on
+    inputs, is moved to the region's interface by `lax_ir.layouts`, so it no longer stops the
+    search; `q softmax(k)ᵀ` becomes `(softmax(k) qᵀ)ᵀ`, whose transpose the outer softmax
+    then keeps inside the region)."""
     import jax
 
-    return jax.nn.softmax(q @ (2.0 * k).T, axis=-1)
+    return jax.nn.softmax(q @ jax.nn.softmax(k, -1).T, axis=-1)
 
 
 @pytest.mark.parametrize(

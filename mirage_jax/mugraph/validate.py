@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mirage_jax.mugraph.opdef import matmul_operand_dtype
 from mirage_jax.mugraph.ops import OPS, POST_LOOP_ARGS, ShapeError
 
 # `graph.py` re-exports these: this module sits below it (it reads µGraphs by their fields).
@@ -284,13 +285,18 @@ def kernel_shapes(
             for p in spec.params:
                 if op.param(p) is None:
                     raise MuGraphError(f"{where}: missing param {p!r}")
+            dtype = args[0][1]
             if len({dt for _, dt in args}) > 1:
-                raise MuGraphError(f"{where}: operand dtypes differ: {[dt for _, dt in args]}")
+                # a GEMM reading a stitched piece's fp32 value with 16-bit weights rounds it
+                # first, as the program did where it cut (`opdef.matmul_operand_dtype`)
+                dtype = matmul_operand_dtype([dt for _, dt in args]) if op.op == "matmul" else None
+                if dtype is None:
+                    raise MuGraphError(f"{where}: operand dtypes differ: {[dt for _, dt in args]}")
             try:
                 shape = spec.shape([s for s, _ in args], dict(op.params))
             except ShapeError as e:
                 raise MuGraphError(f"{where}: {e}") from None
-            out[(i, 0)] = (tuple(shape), args[0][1])
+            out[(i, 0)] = (tuple(shape), dtype)
     for r in g.outputs:
         if r not in out:
             raise MuGraphError(f"output {r} refers to an invalid tensor")
