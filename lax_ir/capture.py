@@ -304,6 +304,15 @@ def _simple(op: str):
                     and b.shape(ins[keep]) == shape
                 ):
                     return ins[keep]
+        if op in ("add", "sub", "mul") and len(ins) == 2:
+            # x - 0, x + 0, x * 1 (flax's RMSNorm subtracts a zero mean): x itself
+            unit = 1.0 if op == "mul" else 0.0
+            for keep, other in ((0, 1), (1, 0)) if op != "sub" else ((0, 1),):
+                c = _constant_scalar(b, ins[other])
+                kept = b.nodes[ins[keep]]
+                if c is not None and float(c) == unit and tuple(kept.shape) == tuple(shape):
+                    if kept.dtype == dtype:
+                        return ins[keep]
         if len(ins) == 1:
             return b.op(op, ins, shape, dtype)
         return b.binary(op, ins[0], ins[1], dtype)
@@ -324,7 +333,7 @@ def _erfc(b: _Builder, ins, params, shape, dtype):
 def _constant_scalar(b: _Builder, i: int) -> Any:
     """The value of node i if it is a constant (or a broadcast of one) with one value."""
     n = b.nodes[i]
-    while n.op == "broadcast_in_dim":
+    while n.op in ("broadcast_in_dim", "reshape"):
         n = b.nodes[n.args[0]]
     if n.op != "constant":
         return None

@@ -48,6 +48,7 @@ from lax_ir.interface import inverse
 from lax_ir.layout_graph import LayoutGraph
 from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Node, Program, make_params
+from lax_ir.row_layouts import flatten_rows_rule, transposed_rows_rule
 
 MAX_STEPS = 64
 
@@ -722,7 +723,8 @@ def hoist_layouts(program: Program) -> Program:
             _collapse_rule, _compose_rule, _raise_transpose_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule,
             _sink_regroup_rule, _unit_transpose_rule, _input_rule,
             _output_rule, _scale_rule, _shift_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
-            _sink_transpose_rule, _grouped_broadcast_rule, _rank_rule,
+            _sink_transpose_rule, _grouped_broadcast_rule, _rank_rule, flatten_rows_rule,
+            transposed_rows_rule,
         )  # fmt: skip
         if not any(rule(g) for rule in rules):
             break

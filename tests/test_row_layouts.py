@@ -1,0 +1,104 @@
+"""Rows merged before a projection (`lax_ir.row_layouts`) and the capture's identities: a norm
+over (B, T, D) read by its projection as (B·T, D) rows, written as flax linen, flax nnx's
+`Einsum` and plain jnp write it, reaches the search."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lax_ir
+from lax_ir.interface import adapt
+from lax_ir.layouts import hoist_layouts
+from mirage_jax.search.diagnose import blockers
+
+
+def _args(seed, *shapes):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+def _hoisted(fn, *args):
+    program = lax_ir.capture(fn, *args)
+    hoisted = hoist_layouts(program)
+    got = adapt(lambda *xs: lax_ir.evaluate(hoisted, *xs), hoisted)(*args)
+    for g, w in zip(got, jax.tree.leaves(fn(*args))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+    return program, hoisted
+
+
+def _rms(x, g):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+
+
+def test_a_norm_over_sequences_read_as_rows_is_computed_on_rows():
+    """`rms(x).reshape(B·T, D) @ w`: the norm runs on (B·T, D) with x merged at the interface."""
+    args = _args(0, (2, 8, 32), (32,), (32, 48))
+    program, hoisted = _hoisted(lambda x, g, w: _rms(x, g).reshape(16, 32) @ w, *args)
+    assert any("merges or splits" in b for b in blockers(program))
+    assert not blockers(hoisted), hoisted.pretty()
+    assert "reshape" not in hoisted.op_counts() or all(
+        len(hoisted.nodes[n.args[0]].shape) <= 2 for n in hoisted.nodes if n.op == "reshape"
+    )
+
+
+def test_a_normed_value_that_goes_on_in_its_own_shape_is_not_computed_twice():
+    """The normed (B, T, D) value is also an output: rewriting its cone would compute the
+    norm twice, so the merge stays (and the region keeps its blocker)."""
+    args = _args(1, (2, 8, 32), (32,), (32, 48))
+
+    def fn(x, g, w):
+        h = _rms(x, g)
+        return h.reshape(16, 32) @ w, h
+
+    program, hoisted = _hoisted(fn, *args)
+    assert any("merges or splits" in b for b in blockers(hoisted))
+
+
+def test_the_weight_first_einsum_of_a_norm_reads_rows():
+    """`W @ rms(x)ᵀ` in the form nnx's `Einsum("btd,dshk->sbthk")` captures (the feature axis
+    moved to the front, the rows merged after it) becomes `rows @ Wᵀ`."""
+    args = _args(2, (2, 8, 32), (32,), (48, 32))
+
+    def fn(x, g, w):
+        h = jnp.transpose(_rms(x, g), (2, 0, 1)).reshape(32, 16)
+        return w @ h
+
+    program, hoisted = _hoisted(fn, *args)
+    assert blockers(program)
+    assert not blockers(hoisted), hoisted.pretty()
+    assert "transpose" not in hoisted.op_counts()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: x - jnp.zeros_like(x), lambda x: jnp.zeros((2, 8, 1)) + x, lambda x: x * 1.0],
+)
+def test_adding_zero_or_multiplying_by_one_is_the_value(fn):
+    """flax's RMSNorm subtracts a mean of zeros: the capture keeps x, not `x - 0`."""
+    (x,) = _args(3, (2, 8, 32))
+    program = lax_ir.capture(lambda x: jnp.tanh(fn(x)), x)
+    assert program.op_counts() == {"tanh": 1}, program.pretty()
+
+
+def test_nnx_rms_norm_and_einsum_projection_reach_the_search():
+    """An nnx block of `RMSNorm` then `Einsum("btd,dshk->sbthk")` (Gemma's q/k/v form) over a
+    batch of sequences: its region has no blockers and no `x - 0`."""
+
+    class Proj(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.RMSNorm(32, rngs=rngs)
+            self.qkv = nnx.Einsum("btd,dshk->sbthk", (32, 3, 4, 8), rngs=rngs)
+
+        def __call__(self, x):
+            return self.qkv(self.norm(x))
+
+    graphdef, state = nnx.split(Proj(nnx.Rngs(0)))
+    (x,) = _args(4, (2, 8, 32))
+    regions = lax_ir.partition(
+        lax_ir.capture(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
+    ).regions
+    (region,) = [r for r in regions if not r.is_trivial]
+    assert not blockers(region.program), region.program.pretty()
+    assert "sub" not in region.program.op_counts()
