@@ -310,9 +310,9 @@ def _simple(op: str):
             for keep, other in ((0, 1), (1, 0)) if op != "sub" else ((0, 1),):
                 c = _constant_scalar(b, ins[other])
                 kept = b.nodes[ins[keep]]
-                if c is not None and float(c) == unit and tuple(kept.shape) == tuple(shape):
-                    if kept.dtype == dtype:
-                        return ins[keep]
+                same = tuple(kept.shape) == tuple(shape) and kept.dtype == dtype
+                if c is not None and float(c) == unit and same:
+                    return ins[keep]
         if len(ins) == 1:
             return b.op(op, ins, shape, dtype)
         return b.binary(op, ins[0], ins[1], dtype)
