@@ -305,9 +305,13 @@ def _simple(op: str):
                 ):
                     return ins[keep]
         if op in ("add", "sub", "mul") and len(ins) == 2:
-            # x - 0, x + 0, x * 1 (flax's RMSNorm subtracts a zero mean): x itself
+            # x - zeros, x + zeros, x * ones (flax's RMSNorm subtracts a mean of zeros): x
+            # itself. A scalar 0 or 1 stays (the search reads it as a scalar op; the paper's
+            # benchmarks keep their programs).
             unit = 1.0 if op == "mul" else 0.0
             for keep, other in ((0, 1), (1, 0)) if op != "sub" else ((0, 1),):
+                if not b.shape(ins[other]):
+                    continue
                 c = _constant_scalar(b, ins[other])
                 kept = b.nodes[ins[keep]]
                 same = tuple(kept.shape) == tuple(shape) and kept.dtype == dtype

@@ -51,8 +51,8 @@ def test_default_regions_match_the_hashes_recorded_before_the_switch():
     regions of llama_decode_nnx and gemma_decode: `lax_ir.layouts._grouped_broadcast_rule`),
     and when a dot_general's contracted pairs came in the larger operand's memory order
     (gemma_decode's output projection, whose einsum lists (H, N): `lax_ir.capture`), and
-    2026-11-29 when `x - 0`, `x + 0` and `x * 1` became x in the capture (flax's RMSNorm
-    subtracts a zero mean: llama_decode_nnx's norm and rotary regions)."""
+    2026-11-29 when `x - zeros`, `x + zeros` and `x * ones` became x in the capture (flax's
+    RMSNorm subtracts a mean of zeros: llama_decode_nnx's norm and rotary regions)."""
     import lax_ir
 
     want = json.loads((Path(__file__).parent / "model_region_hashes.json").read_text())

@@ -73,13 +73,19 @@ def test_the_weight_first_einsum_of_a_norm_reads_rows():
 
 @pytest.mark.parametrize(
     "fn",
-    [lambda x: x - jnp.zeros_like(x), lambda x: jnp.zeros((2, 8, 1)) + x, lambda x: x * 1.0],
+    [
+        lambda x: x - jnp.zeros_like(x),
+        lambda x: jnp.zeros((2, 8, 1)) + x,
+        lambda x: x * jnp.ones((8, 32)),
+    ],
 )
-def test_adding_zero_or_multiplying_by_one_is_the_value(fn):
-    """flax's RMSNorm subtracts a mean of zeros: the capture keeps x, not `x - 0`."""
+def test_adding_zeros_or_multiplying_by_ones_is_the_value(fn):
+    """flax's RMSNorm subtracts a mean of zeros: the capture keeps x, not `x - zeros` (which
+    the search cannot build); a scalar 0 or 1 stays, a scalar op the search reads."""
     (x,) = _args(3, (2, 8, 32))
     program = lax_ir.capture(lambda x: jnp.tanh(fn(x)), x)
     assert program.op_counts() == {"tanh": 1}, program.pretty()
+    assert "add" in lax_ir.capture(lambda x: jnp.tanh(x + 0.0), x).op_counts()
 
 
 def test_nnx_rms_norm_and_einsum_projection_reach_the_search():
