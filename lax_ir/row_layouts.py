@@ -7,6 +7,9 @@ treats rows alike (elementwise ops, reductions over the last axis, gains broadca
 the same ops on (B·T, D) mean the same: `flatten_rows_rule` rewrites the reshape's operand in
 row form, its inputs merged at the interface (a free reshape). Values that go on in their
 (B, T, D) shape elsewhere in the region are not recomputed: the rule then leaves the reshape.
+`canonical.flatten_rows` merges a whole region's rows where every op agrees (GPT-2); these
+rules are its local form, for a region that also holds an op no row form expresses (a head
+split at one of its outputs).
 """
 
 from __future__ import annotations
