@@ -49,6 +49,24 @@ for the order files are handed to the workers in: longest first. By number of te
 default) test_zoo's 208 s came near the end, with the other worker idle for part of it."""
 
 
+def capture_hoisted(fn, *args):
+    """`fn` captured and its layouts moved to the interface (`lax_ir.layouts.hoist_layouts`):
+    (program, hoisted), the hoisted one checked to compute `fn`'s outputs through its
+    interface."""
+    import numpy as np
+
+    import lax_ir
+    from lax_ir.interface import adapt
+    from lax_ir.layouts import hoist_layouts
+
+    program = lax_ir.capture(fn, *args)
+    out = hoist_layouts(program)
+    got = adapt(lambda *xs: lax_ir.evaluate(out, *xs), out)(*args)
+    for g, w in zip(got, jax.tree.leaves(fn(*args))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+    return program, out
+
+
 def pytest_configure(config):
     # `--dist loadfile` hands out files in collection order (`pytest_collection_modifyitems`)
     # rather than by their number of tests

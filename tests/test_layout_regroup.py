@@ -9,17 +9,8 @@ from flax import nnx
 
 import lax_ir
 import mirage_jax
-from lax_ir.interface import adapt
-from lax_ir.layouts import hoist_layouts
 from mirage_jax.search.diagnose import blockers
-
-
-def _hoisted(fn, *args):
-    program = lax_ir.capture(fn, *args)
-    hoisted = hoist_layouts(program)
-    got = adapt(lambda *xs: lax_ir.evaluate(hoisted, *xs), hoisted)(*args)
-    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
-    return program, hoisted
+from tests.conftest import capture_hoisted
 
 
 def test_a_head_split_before_a_bias_moves_to_the_interface():
@@ -27,7 +18,9 @@ def test_a_head_split_before_a_bias_moves_to_the_interface():
     reshaped at the interface, the split after the call; no blocker is left."""
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(s).astype(np.float32) for s in ((1, 64), (64, 128), (1, 8, 16))]
-    program, hoisted = _hoisted(lambda x, w, b: jnp.tanh((x @ w).reshape(1, 8, 16) + b), *args)
+    program, hoisted = capture_hoisted(
+        lambda x, w, b: jnp.tanh((x @ w).reshape(1, 8, 16) + b), *args
+    )
     assert any("merges or splits" in b for b in blockers(program))
     assert not blockers(hoisted), hoisted.pretty()
     assert "reshape" not in hoisted.op_counts()
@@ -43,7 +36,7 @@ def test_a_transpose_of_unit_axes_is_a_reshape():
         p = jnp.exp(x @ w).reshape(1, 1, 4, 1, 8)
         return jnp.transpose(p, (1, 2, 4, 0, 3)).reshape(1, 4, 1, 8) @ v
 
-    program, hoisted = _hoisted(fn, *args)
+    program, hoisted = capture_hoisted(fn, *args)
     assert "transpose" in program.op_counts() and "transpose" not in hoisted.op_counts()
     assert hoisted.op_counts().get("reshape", 0) == 1, hoisted.pretty()
 

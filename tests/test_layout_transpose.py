@@ -10,17 +10,8 @@ import numpy as np
 from flax import nnx
 
 import lax_ir
-from lax_ir.interface import adapt
-from lax_ir.layouts import hoist_layouts
 from mirage_jax.search.diagnose import blockers
-
-
-def _hoisted(fn, *args):
-    program = lax_ir.capture(fn, *args)
-    hoisted = hoist_layouts(program)
-    got = adapt(lambda *xs: lax_ir.evaluate(hoisted, *xs), hoisted)(*args)
-    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5)
-    return program, hoisted
+from tests.conftest import capture_hoisted
 
 
 def _args(seed, *shapes):
@@ -32,7 +23,7 @@ def test_an_op_on_a_transposed_product_takes_its_input_operand_transposed_back()
     """`W @ exp(x v)ᵀ + r`: the product becomes `(exp(x v) Wᵀ)ᵀ`, its transpose sinks past the
     add, and r (the add's input of the op's shape) is transposed back at the interface."""
     args = _args(0, (8, 16), (16, 16), (32, 16), (32, 8))
-    program, hoisted = _hoisted(lambda x, v, w, r: jnp.tanh(w @ jnp.exp(x @ v).T + r), *args)
+    program, hoisted = capture_hoisted(lambda x, v, w, r: jnp.tanh(w @ jnp.exp(x @ v).T + r), *args)
     assert "transpose" in program.op_counts() and "transpose" not in hoisted.op_counts()
     assert not blockers(hoisted), hoisted.pretty()
 
@@ -46,7 +37,7 @@ def test_values_v_plus_bias_laid_out_by_two_transposes_reach_the_interface():
         vt = jnp.transpose(jnp.transpose(v + b, (0, 2, 3, 1)), (0, 1, 3, 2))
         return jax.nn.softmax(s, -1) @ vt
 
-    program, hoisted = _hoisted(fn, *args)
+    program, hoisted = capture_hoisted(fn, *args)
     assert any("transpose" in b for b in blockers(program))
     assert not blockers(hoisted), hoisted.pretty()
     assert "transpose" not in hoisted.op_counts()
@@ -56,7 +47,7 @@ def test_rows_split_before_a_broadcast_bias_move_to_the_interface():
     """`(x @ w).reshape(2, 16, 64) + b`, b of shape (1, 1, 64): the add runs on the (32, 64)
     product with b reshaped to a row at the interface; the split leaves after the call."""
     args = _args(2, (32, 64), (64, 64), (1, 1, 64))
-    program, hoisted = _hoisted(lambda x, w, b: (x @ w).reshape(2, 16, 64) + b, *args)
+    program, hoisted = capture_hoisted(lambda x, w, b: (x @ w).reshape(2, 16, 64) + b, *args)
     assert any("merges or splits" in b for b in blockers(program))
     assert not blockers(hoisted), hoisted.pretty()
     assert "reshape" not in hoisted.op_counts()
@@ -66,7 +57,9 @@ def test_a_broadcast_splitting_a_regrouped_block_stays():
     """A bias that varies along part of a regrouped block (b of shape (2, 1, 64) against rows
     (32,) split as (2, 16)) has no row layout: the rule leaves the reshape in place."""
     args = _args(3, (32, 64), (64, 64), (2, 1, 64))
-    program, hoisted = _hoisted(lambda x, w, b: jnp.tanh((x @ w).reshape(2, 16, 64) + b), *args)
+    program, hoisted = capture_hoisted(
+        lambda x, w, b: jnp.tanh((x @ w).reshape(2, 16, 64) + b), *args
+    )
     assert any("merges or splits" in b for b in blockers(hoisted))
 
 

@@ -9,23 +9,13 @@ import pytest
 from flax import nnx
 
 import lax_ir
-from lax_ir.interface import adapt
-from lax_ir.layouts import hoist_layouts
 from mirage_jax.search.diagnose import blockers
+from tests.conftest import capture_hoisted
 
 
 def _args(seed, *shapes):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(s).astype(np.float32) for s in shapes]
-
-
-def _hoisted(fn, *args):
-    program = lax_ir.capture(fn, *args)
-    hoisted = hoist_layouts(program)
-    got = adapt(lambda *xs: lax_ir.evaluate(hoisted, *xs), hoisted)(*args)
-    for g, w in zip(got, jax.tree.leaves(fn(*args))):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
-    return program, hoisted
 
 
 def _rms(x, g):
@@ -35,7 +25,7 @@ def _rms(x, g):
 def test_a_norm_over_sequences_read_as_rows_is_computed_on_rows():
     """`rms(x).reshape(B·T, D) @ w`: the norm runs on (B·T, D) with x merged at the interface."""
     args = _args(0, (2, 8, 32), (32,), (32, 48))
-    program, hoisted = _hoisted(lambda x, g, w: _rms(x, g).reshape(16, 32) @ w, *args)
+    program, hoisted = capture_hoisted(lambda x, g, w: _rms(x, g).reshape(16, 32) @ w, *args)
     assert any("merges or splits" in b for b in blockers(program))
     assert not blockers(hoisted), hoisted.pretty()
     assert "reshape" not in hoisted.op_counts() or all(
@@ -52,7 +42,7 @@ def test_a_normed_value_that_goes_on_in_its_own_shape_is_not_computed_twice():
         h = _rms(x, g)
         return h.reshape(16, 32) @ w, h
 
-    program, hoisted = _hoisted(fn, *args)
+    program, hoisted = capture_hoisted(fn, *args)
     assert any("merges or splits" in b for b in blockers(hoisted))
 
 
@@ -65,7 +55,7 @@ def test_the_weight_first_einsum_of_a_norm_reads_rows():
         h = jnp.transpose(_rms(x, g), (2, 0, 1)).reshape(32, 16)
         return w @ h
 
-    program, hoisted = _hoisted(fn, *args)
+    program, hoisted = capture_hoisted(fn, *args)
     assert blockers(program)
     assert not blockers(hoisted), hoisted.pretty()
     assert "transpose" not in hoisted.op_counts()
