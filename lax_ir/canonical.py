@@ -25,7 +25,7 @@ import numpy as np
 
 from lax_ir.dtypes import is_float
 from lax_ir.interface import compose
-from lax_ir.layouts import is_bitcast
+from lax_ir.layout_graph import is_bitcast
 from lax_ir.ops import ELEMENTWISE, broadcast_shapes, matmul_shape
 from lax_ir.program import Const, Node, Program, make_params
 

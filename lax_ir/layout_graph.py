@@ -1,8 +1,11 @@
-"""The mutable graph the layout rules (`lax_ir.layouts`) rewrite: a Program's nodes with its
-interface, new inputs made from old ones by interface steps, rebuilt into a Program at the end."""
+"""The mutable graph the layout rules (`lax_ir.layouts`, `lax_ir.transpose_layouts`,
+`lax_ir.row_layouts`) rewrite: a Program's nodes with its interface, new inputs made from old
+ones by interface steps, rebuilt into a Program at the end; and the small steps the rules
+share (swaps, bitcasts, an elementwise op moved before a layout op)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from lax_ir.interface import identity_interface, merged
@@ -102,3 +105,86 @@ class LayoutGraph:
         return Program.build(
             nodes, [index[i] for i in inputs], [index[o] for o in self.outputs], meta
         )
+
+
+def layout_step(n: Node) -> tuple[str, tuple[int, ...]]:
+    """The interface step a reshape or transpose node applies."""
+    if n.op == "reshape":
+        return ("reshape", tuple(n.shape))
+    return ("transpose", tuple(n.param("permutation")))
+
+
+def swapped(shape: Sequence[int]) -> tuple[int, ...]:
+    """`shape` with its last two axes exchanged."""
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
+def swap_perm(rank: int) -> tuple[int, ...]:
+    """The permutation exchanging the last two of `rank` axes."""
+    return (*range(rank - 2), rank - 1, rank - 2)
+
+
+def is_bitcast(src: Sequence[int], dst: Sequence[int]) -> bool:
+    """Is a reshape from src to dst a bitcast (the same non-unit sizes in the same order)?"""
+    return [d for d in src if d > 1] == [d for d in dst if d > 1]
+
+
+def is_swap(src: Node, n: Node) -> bool:
+    """Is n (a reshape or transpose of src) src with its last two axes exchanged?"""
+    if len(src.shape) < 2 or len(n.shape) != len(src.shape):
+        return False
+    if n.op == "transpose":
+        return tuple(n.param("permutation")) == swap_perm(len(n.shape))
+    return n.op == "reshape" and tuple(n.shape) == swapped(src.shape) and 1 in src.shape[-2:]
+
+
+def unit_positions(src: Sequence[int], dst: Sequence[int]) -> list[int] | None:
+    """Positions of dst that are inserted size-1 axes, if dst is src with unit axes inserted."""
+    pos, j = [], 0
+    for k, d in enumerate(dst):
+        if j < len(src) and src[j] == d:
+            j += 1
+        elif d == 1:
+            pos.append(k)
+        else:
+            return None
+    return pos if j == len(src) and pos else None
+
+
+def perm_params(perm: Sequence[int]) -> tuple[tuple[str, Any], ...]:
+    """A transpose node's params for `perm`."""
+    return make_params(permutation=tuple(perm))
+
+
+def op_before(
+    g: LayoutGraph,
+    j: int,
+    moved: Sequence[int],
+    shape: tuple[int, ...],
+    in_step: tuple[str, Any],
+    after: tuple[str, Any],
+    in_shapes: dict[int, tuple[int, ...]] | None = None,
+) -> None:
+    """Replace elementwise node j by its op on the sources of its `moved` layout operands
+    (`shape`), its other shaped operands (inputs) taken at the interface through `in_step`
+    (or, for those in `in_shapes`, reshaped to the shape given there), then the layout op
+    `after` (op name, params) back to j's shape."""
+    n = g.nodes[j]
+    args = []
+    for a in n.args:
+        if a in moved:
+            args.append(g.nodes[a].args[0])
+        elif in_shapes and a in in_shapes:
+            like = Node("input", (), in_shapes[a], g.nodes[a].dtype)
+            args.append(g.new_input(like, a, ("reshape", in_shapes[a])))
+        elif g.nodes[a].shape:
+            args.append(g.new_input(Node("input", (), shape, g.nodes[a].dtype), a, in_step))
+        else:
+            args.append(a)
+    inner = g.add(Node(n.op, tuple(args), shape, n.dtype, n.params))
+    g.replace(j, g.add(Node(after[0], (inner,), n.shape, n.dtype, after[1])))
+
+
+def swap_like(n: Node) -> Node:
+    """n with its last two axes exchanged in its shape (an input's node for its transpose)."""
+    return Node(n.op, n.args, swapped(n.shape), n.dtype, n.params)

@@ -33,67 +33,32 @@ meaning and move such layout ops to its edges, where `adapt` applies them in XLA
   over rows), is `(x Wᵀ)ᵀ`; the result's transpose then moves past unit-inserting reshapes and
   elementwise ops (an input operand transposed back at the interface) to the outputs.
 
-The interface they build is described in `lax_ir.interface`.
+The rules for transposes are in `lax_ir.transpose_layouts`, those for rows merged before a
+projection in `lax_ir.row_layouts`, the steps they share in `lax_ir.layout_graph`; this module
+holds the others and runs them all (`hoist_layouts`). The interface they build is described in
+`lax_ir.interface`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from lax_ir.interface import inverse
-from lax_ir.layout_graph import LayoutGraph
+from lax_ir import transpose_layouts as T
+from lax_ir.layout_graph import (
+    LayoutGraph,
+    is_bitcast,
+    layout_step,
+    op_before,
+    unit_positions,
+)
 from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Node, Program, make_params
 from lax_ir.row_layouts import flatten_rows_rule, transposed_rows_rule
 
 MAX_STEPS = 64
-
-
-def _step(n: Node) -> tuple[str, tuple[int, ...]]:
-    if n.op == "reshape":
-        return ("reshape", tuple(n.shape))
-    return ("transpose", tuple(n.param("permutation")))
-
-
-def swapped(shape: Sequence[int]) -> tuple[int, ...]:
-    """`shape` with its last two axes exchanged."""
-    return (*shape[:-2], shape[-1], shape[-2])
-
-
-def swap_perm(rank: int) -> tuple[int, ...]:
-    """The permutation exchanging the last two of `rank` axes."""
-    return (*range(rank - 2), rank - 1, rank - 2)
-
-
-def is_bitcast(src: Sequence[int], dst: Sequence[int]) -> bool:
-    """Is a reshape from src to dst a bitcast (the same non-unit sizes in the same order)?"""
-    return [d for d in src if d > 1] == [d for d in dst if d > 1]
-
-
-def _is_swap(src: Node, n: Node) -> bool:
-    """Is n (a reshape or transpose of src) src with its last two axes exchanged?"""
-    if len(src.shape) < 2 or len(n.shape) != len(src.shape):
-        return False
-    if n.op == "transpose":
-        return tuple(n.param("permutation")) == swap_perm(len(n.shape))
-    return n.op == "reshape" and tuple(n.shape) == swapped(src.shape) and 1 in src.shape[-2:]
-
-
-def _unit_positions(src: Sequence[int], dst: Sequence[int]) -> list[int] | None:
-    """Positions of dst that are inserted size-1 axes, if dst is src with unit axes inserted."""
-    pos, j = [], 0
-    for k, d in enumerate(dst):
-        if j < len(src) and src[j] == d:
-            j += 1
-        elif d == 1:
-            pos.append(k)
-        else:
-            return None
-    return pos if j == len(src) and pos else None
 
 
 def _input_rule(g: LayoutGraph) -> bool:
@@ -103,7 +68,7 @@ def _input_rule(g: LayoutGraph) -> bool:
             x = n.args[0]
             if x not in g.inputs or j in g.inputs:
                 continue
-            g.replace(j, g.new_input(n, x, _step(n)))
+            g.replace(j, g.new_input(n, x, layout_step(n)))
             return True
     return False
 
@@ -114,45 +79,7 @@ def _output_rule(g: LayoutGraph) -> bool:
         if n.op not in ("reshape", "transpose") or g.users(o) or g.outputs.count(o) > 1:
             continue
         g.outputs[k] = n.args[0]
-        g.out_ops[k] = (_step(n), *g.out_ops[k])
-        return True
-    return False
-
-
-def _operand_rule(g: LayoutGraph) -> bool:
-    for j, n, (a, an), (_, bn) in g.matmuls():
-        from_input = an.op == "input" or (
-            an.op in ("reshape", "transpose") and g.nodes[an.args[0]].op == "input"
-        )
-        if not from_input or bn.op not in ("reshape", "transpose"):
-            continue
-        if j not in g.outputs or g.users(j):  # the swap back must leave through the interface
-            continue
-        p = bn.args[0]
-        pn = g.nodes[p]
-        if pn.op == "input" or not _is_swap(pn, bn):
-            continue
-        rank = len(an.shape)
-        a_t = g.add(
-            Node(
-                "transpose",
-                (a,),
-                swapped(an.shape),
-                an.dtype,
-                make_params(permutation=swap_perm(rank)),
-            )
-        )
-        prod = g.add(Node("matmul", (p, a_t), swapped(n.shape), n.dtype, n.params))
-        back = g.add(
-            Node(
-                "transpose",
-                (prod,),
-                n.shape,
-                n.dtype,
-                make_params(permutation=swap_perm(len(n.shape))),
-            )
-        )
-        g.replace(j, back)
+        g.out_ops[k] = (layout_step(n), *g.out_ops[k])
         return True
     return False
 
@@ -166,7 +93,7 @@ def _unit_rule(g: LayoutGraph) -> bool:
         yn = g.nodes[y]
         if yn.op not in ELEMENTWISE or len(g.users(y)) != 1 or y in g.outputs:
             continue
-        pos = _unit_positions(yn.shape, n.shape)
+        pos = unit_positions(yn.shape, n.shape)
         if pos is None:
             if (
                 tuple(yn.shape) != tuple(n.shape)
@@ -228,180 +155,6 @@ def _collapse_rule(g: LayoutGraph) -> bool:
     return False
 
 
-def _compose_rule(g: LayoutGraph) -> bool:
-    """A transpose of a transpose of a computed value is one transpose (flax's V plus its bias,
-    `bqhd -> bhdq -> bhqd`); one that restores its source's order is the source. (Of an input,
-    the two become interface steps as they are.)"""
-    for j in g.live():
-        n = g.nodes[j]
-        if n.op != "transpose" or g.nodes[n.args[0]].op != "transpose":
-            continue
-        inner = g.nodes[n.args[0]]
-        if g.nodes[inner.args[0]].op == "input":
-            continue
-        first = inner.param("permutation")
-        perm = tuple(first[p] for p in n.param("permutation"))
-        x = inner.args[0]
-        if perm == tuple(range(len(perm))):
-            g.replace(j, x)
-        else:
-            g.replace(j, g.add(Node("transpose", (x,), n.shape, n.dtype, _perm(perm))))
-        return True
-    return False
-
-
-def _raise_transpose_rule(g: LayoutGraph) -> bool:
-    """A transpose of an elementwise op on inputs (V plus its heads' bias, then laid out for
-    P V: flax's attention) is the op on the inputs transposed at the interface; an input of
-    lower rank (the bias, broadcast from the right) first gets leading unit axes."""
-    for j in g.live():
-        n = g.nodes[j]
-        e = n.args[0] if n.op == "transpose" else None
-        if e is None or g.nodes[e].op not in ELEMENTWISE or g.users(e) != [j]:
-            continue
-        en, perm = g.nodes[e], tuple(n.param("permutation"))
-        shaped = [a for a in en.args if g.nodes[a].shape]
-        if not shaped or any(a not in g.inputs for a in shaped):
-            continue
-        args = []
-        for a in en.args:
-            an = g.nodes[a]
-            if not an.shape:
-                args.append(a)
-                continue
-            src = a
-            if len(an.shape) < len(en.shape):
-                full = (1,) * (len(en.shape) - len(an.shape)) + tuple(an.shape)
-                like = Node("reshape", (a,), full, an.dtype, make_params())
-                src = g.new_input(like, a, _step(like))
-            shape = tuple(g.nodes[src].shape[p] for p in perm)
-            like = Node("transpose", (src,), shape, an.dtype, _perm(perm))
-            args.append(g.new_input(like, src, _step(like)))
-        g.replace(j, g.add(Node(en.op, tuple(args), n.shape, en.dtype, en.params)))
-        return True
-    return False
-
-
-def _column_rule(g: LayoutGraph) -> bool:
-    """`W @ v` with v a column (`[.., K, 1]`, equinox's `weight @ x`) and W an input is
-    `(vᵀ Wᵀ)ᵀ`: the transposes of the column and of the result are bitcasts, and Wᵀ is the
-    input W transposed before the call, so the matmul reads a row."""
-    for j, n, (a, an), (b, bn) in g.matmuls():
-        if a not in g.inputs or len(bn.shape) < 2 or bn.shape[-1] != 1 or bn.shape[-2] == 1:
-            continue
-        if len(an.shape) != len(bn.shape) or an.shape[-2] == 1:
-            continue
-        rank = len(an.shape)
-        at = g.new_input(_swap_like(an), a, ("transpose", swap_perm(rank)))
-        row = g.add(Node("reshape", (b,), swapped(bn.shape), bn.dtype, make_params()))
-        prod = g.add(Node("matmul", (row, at), swapped(n.shape), n.dtype, n.params))
-        g.replace(j, g.add(Node("reshape", (prod,), n.shape, n.dtype, make_params())))
-        return True
-    return False
-
-
-def _transposed_operand_rule(g: LayoutGraph) -> bool:
-    """`W @ xᵀ`, W an input and xᵀ the last-two swap of a computed value (equinox's
-    `weight @ x` vmapped over rows), is `(x Wᵀ)ᵀ`: Wᵀ is W transposed before the call, and
-    the swap of the result moves on towards the outputs (`_lift_rule`, `_sink_transpose_rule`)."""
-    for j, n, (a, an), (_, bn) in g.matmuls():
-        if a not in g.inputs or bn.op != "transpose" or len(an.shape) != len(bn.shape):
-            continue
-        x = bn.args[0]
-        if g.nodes[x].op == "input" or not _is_swap(g.nodes[x], bn):
-            continue
-        swap = swap_perm(len(an.shape))
-        at = g.new_input(_swap_like(an), a, ("transpose", swap))
-        prod = g.add(Node("matmul", (x, at), swapped(n.shape), n.dtype, n.params))
-        g.replace(j, g.add(Node("transpose", (prod,), n.shape, n.dtype, _perm(swap))))
-        return True
-    return False
-
-
-def _perm(perm: Sequence[int]) -> tuple[tuple[str, Any], ...]:
-    return make_params(permutation=tuple(perm))
-
-
-def _lift_rule(g: LayoutGraph) -> bool:
-    """A reshape that only inserts unit axes into a transpose of a computed value is a
-    transpose of that value with leading units: the transpose moves towards the outputs."""
-    for j in g.live():
-        n = g.nodes[j]
-        if n.op != "reshape" or g.nodes[n.args[0]].op != "transpose":
-            continue
-        tn = g.nodes[n.args[0]]
-        x = tn.args[0]
-        pos = _unit_positions(tn.shape, n.shape)
-        if pos is None or g.nodes[x].op == "input":
-            continue
-        xn, perm = g.nodes[x], iter(p + len(pos) for p in tn.param("permutation"))
-        units = iter(range(len(pos)))  # leading units, which the squeeze then drops
-        new_perm = [next(units) if i in pos else next(perm) for i in range(len(n.shape))]
-        xu = g.add(Node("reshape", (x,), (*[1] * len(pos), *xn.shape), xn.dtype, make_params()))
-        g.replace(j, g.add(Node("transpose", (xu,), n.shape, n.dtype, _perm(new_perm))))
-        return True
-    return False
-
-
-def _op_before(
-    g: LayoutGraph,
-    j: int,
-    moved: Sequence[int],
-    shape: tuple[int, ...],
-    in_step: tuple[str, Any],
-    after: tuple[str, Any],
-    in_shapes: dict[int, tuple[int, ...]] | None = None,
-) -> None:
-    """Replace elementwise node j by its op on the sources of its `moved` layout operands
-    (`shape`), its other shaped operands (inputs) taken at the interface through `in_step`
-    (or, for those in `in_shapes`, reshaped to the shape given there), then the layout op
-    `after` (op name, params) back to j's shape."""
-    n = g.nodes[j]
-    args = []
-    for a in n.args:
-        if a in moved:
-            args.append(g.nodes[a].args[0])
-        elif in_shapes and a in in_shapes:
-            like = Node("input", (), in_shapes[a], g.nodes[a].dtype)
-            args.append(g.new_input(like, a, ("reshape", in_shapes[a])))
-        elif g.nodes[a].shape:
-            args.append(g.new_input(Node("input", (), shape, g.nodes[a].dtype), a, in_step))
-        else:
-            args.append(a)
-    inner = g.add(Node(n.op, tuple(args), shape, n.dtype, n.params))
-    g.replace(j, g.add(Node(after[0], (inner,), n.shape, n.dtype, after[1])))
-
-
-def _sink_transpose_rule(g: LayoutGraph) -> bool:
-    """An elementwise op on transposes (one permutation) of computed values is the op on those
-    values, transposed after; an input operand of the op's shape is transposed back at the
-    interface."""
-    for j in g.live():
-        n = g.nodes[j]
-        if n.op not in ELEMENTWISE:
-            continue
-        shaped = [a for a in n.args if g.nodes[a].shape]
-        moved = [a for a in shaped if g.nodes[a].op == "transpose"]
-        perms = {tuple(g.nodes[a].param("permutation")) for a in moved}
-        if len(perms) != 1 or any(tuple(g.nodes[a].shape) != tuple(n.shape) for a in shaped):
-            continue
-        if any(a not in moved and a not in g.inputs for a in shaped):
-            continue
-        if all(g.nodes[g.nodes[a].args[0]].op == "input" for a in moved):
-            continue
-        (perm,) = perms
-        inner_shape = tuple(n.shape[k] for k in inverse(perm))
-        _op_before(
-            g, j, moved, inner_shape, ("transpose", inverse(perm)), ("transpose", _perm(perm))
-        )
-        return True
-    return False
-
-
-def _swap_like(n: Node) -> Node:
-    return Node(n.op, n.args, swapped(n.shape), n.dtype, n.params)
-
-
 def _sink_rule(g: LayoutGraph) -> bool:
     """An elementwise op on bitcast reshapes of computed values of one shape (a matmul's
     column laid out as a row) is the op on those values, reshaped after: the reshape moves
@@ -420,30 +173,13 @@ def _sink_rule(g: LayoutGraph) -> bool:
         (shape,) = src_shape
         if shape == tuple(n.shape) or not is_bitcast(shape, n.shape):
             continue
-        if _unit_positions(shape, n.shape) is not None:
+        if unit_positions(shape, n.shape) is not None:
             continue
         if all(g.nodes[s].op == "input" for s in srcs):
             continue
         args = tuple(g.nodes[a].args[0] if g.nodes[a].shape else a for a in n.args)
         inner = g.add(Node(n.op, args, shape, n.dtype, n.params))
         g.replace(j, g.add(Node("reshape", (inner,), n.shape, n.dtype, make_params())))
-        return True
-    return False
-
-
-def _unit_transpose_rule(g: LayoutGraph) -> bool:
-    """A transpose that moves only unit axes (the non-unit ones keep their order: flax nnx's
-    attention, vmapped over heads, transposes [1, 8, 1, 1, 512] to [1, 1, 8, 1, 512]) is a
-    reshape: the same elements in the same row-major order."""
-    for j in g.live():
-        n = g.nodes[j]
-        if n.op != "transpose":
-            continue
-        src = g.nodes[n.args[0]].shape
-        kept = [p for p in n.param("permutation") if src[p] > 1]
-        if kept != sorted(kept):
-            continue
-        g.replace(j, g.add(Node("reshape", (n.args[0],), n.shape, n.dtype, make_params())))
         return True
     return False
 
@@ -483,7 +219,7 @@ def _sink_regroup_rule(g: LayoutGraph) -> bool:
                 small[a] = _regrouped_broadcast(shape, n.shape, g.nodes[a].shape)
         if any(v is None for v in small.values()):
             continue
-        _op_before(g, j, moved, shape, ("reshape", shape), ("reshape", make_params()), small)
+        op_before(g, j, moved, shape, ("reshape", shape), ("reshape", make_params()), small)
         return True
     return False
 
@@ -521,7 +257,7 @@ def _broadcast_rule(g: LayoutGraph) -> bool:
             continue
         src = g.nodes[n.args[0]].shape
         dims = tuple(n.param("broadcast_dimensions"))
-        if not src or list(dims) != sorted(dims) or _unit_positions(src, n.shape) is None:
+        if not src or list(dims) != sorted(dims) or unit_positions(src, n.shape) is None:
             continue
         if any(n.shape[d] != s for d, s in zip(dims, src)):
             continue
@@ -598,7 +334,7 @@ def _grouped_broadcast_rule(g: LayoutGraph) -> bool:
         if small is None or tuple(small) == tuple(r.shape):
             continue
         like = Node("reshape", (x,), tuple(small), g.nodes[x].dtype, make_params())
-        new = g.new_input(like, x, _step(like))
+        new = g.new_input(like, x, layout_step(like))
         dims = tuple(range(len(small)))
         wide = Node(n.op, (new,), r.shape, n.dtype, make_params(broadcast_dimensions=dims))
         g.replace(users[0], g.add(wide))
@@ -628,7 +364,7 @@ def _rank_rule(g: LayoutGraph) -> bool:
         new = x
         if tuple(kept) != tuple(src):
             like = Node("reshape", (x,), tuple(kept), g.nodes[x].dtype, make_params())
-            new = g.new_input(like, x, _step(like))
+            new = g.new_input(like, x, layout_step(like))
         if direct:
             dims = tuple(range(len(kept)))
             wide = Node(n.op, (new,), n.shape, n.dtype, make_params(broadcast_dimensions=dims))
@@ -697,7 +433,7 @@ def _row_broadcast(program: Program, n: Node) -> bool:
     if n.op != "broadcast_in_dim" or not n.args:
         return False
     src = program.nodes[n.args[0]]
-    pos = _unit_positions(src.shape, n.shape) if src.op != "constant" else None
+    pos = unit_positions(src.shape, n.shape) if src.op != "constant" else None
     return pos is not None and max(src.shape, default=1) > 1 and pos == list(range(len(pos)))
 
 
@@ -720,10 +456,10 @@ def hoist_layouts(program: Program) -> Program:
     changed = False
     for _ in range(MAX_STEPS):
         rules = (
-            _collapse_rule, _compose_rule, _raise_transpose_rule, _operand_rule, _column_rule, _unit_rule, _sink_rule,
-            _sink_regroup_rule, _unit_transpose_rule, _input_rule,
-            _output_rule, _scale_rule, _shift_rule, _broadcast_rule, _transposed_operand_rule, _lift_rule,
-            _sink_transpose_rule, _grouped_broadcast_rule, _rank_rule, flatten_rows_rule,
+            _collapse_rule, T.compose_rule, T.raise_transpose_rule, T.operand_rule, T.column_rule, _unit_rule, _sink_rule,
+            _sink_regroup_rule, T.unit_transpose_rule, _input_rule,
+            _output_rule, _scale_rule, _shift_rule, _broadcast_rule, T.transposed_operand_rule, T.lift_rule,
+            T.sink_transpose_rule, _grouped_broadcast_rule, _rank_rule, flatten_rows_rule,
             transposed_rows_rule,
         )  # fmt: skip
         if not any(rule(g) for rule in rules):

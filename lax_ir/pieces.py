@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 from scipy.cluster.hierarchy import DisjointSet
 
-from lax_ir.layouts import is_bitcast
+from lax_ir.layout_graph import is_bitcast
 from lax_ir.ops import ELEMENTWISE, SHAPE_OPS
 from lax_ir.program import Program
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from lax_ir import FloatAlgebra
 from lax_ir.interface import SplitView, View, Views, read_view, view_stored_shape, write_view
-from lax_ir.layouts import swap_perm
+from lax_ir.layout_graph import swap_perm
 from mirage_jax.lower import backends
 from mirage_jax.lower.computed import Computed
 from mirage_jax.lower.masked_steps import StepBounds, skippable, step_bounds
