@@ -224,6 +224,45 @@ def _sink_regroup_rule(g: LayoutGraph) -> bool:
     return False
 
 
+def _scalar_operand_rule(g: LayoutGraph) -> bool:
+    """A scalar constant broadcast to an elementwise op's shape (a loss's 1/n, jnp's
+    `full_like`) is the scalar: numpy broadcasting gives the op its shape from its other
+    operands, and the other layout rules no longer meet a broadcast there."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op not in ELEMENTWISE or len(n.args) != 2:
+            continue
+        for k, a in enumerate(n.args):
+            an, other = g.nodes[a], g.nodes[n.args[1 - k]]
+            if an.op != "broadcast_in_dim" or tuple(other.shape) != tuple(n.shape):
+                continue
+            c = g.nodes[an.args[0]]
+            if c.op != "constant" or c.shape or c.dtype != an.dtype:
+                continue
+            args = tuple(an.args[0] if i == k else b for i, b in enumerate(n.args))
+            g.replace(j, g.add(Node(n.op, args, n.shape, n.dtype, n.params)))
+            return True
+    return False
+
+
+def _reduce_all_rule(g: LayoutGraph) -> bool:
+    """A sum or max over every axis of a reshape (a loss's mean over batch and tokens of rows
+    split back into (B, T, D)) is the same over every axis of the reshaped value."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op not in ("reduce_sum", "reduce_max") or n.shape:
+            continue
+        r = g.nodes[n.args[0]]
+        if r.op != "reshape" or tuple(n.param("axes")) != tuple(range(len(r.shape))):
+            continue
+        x = r.args[0]
+        params = dict(n.params)
+        params["axes"] = tuple(range(len(g.nodes[x].shape)))
+        g.replace(j, g.add(Node(n.op, (x,), n.shape, n.dtype, make_params(**params))))
+        return True
+    return False
+
+
 def _regrouped_broadcast(
     src: Sequence[int], dst: Sequence[int], operand: Sequence[int]
 ) -> tuple[int, ...] | None:
@@ -460,7 +499,7 @@ def hoist_layouts(program: Program) -> Program:
             _sink_regroup_rule, T.unit_transpose_rule, _input_rule,
             _output_rule, _scale_rule, _shift_rule, _broadcast_rule, T.transposed_operand_rule, T.lift_rule,
             T.sink_transpose_rule, _grouped_broadcast_rule, _rank_rule, flatten_rows_rule,
-            transposed_rows_rule,
+            transposed_rows_rule, _scalar_operand_rule, _reduce_all_rule,
         )  # fmt: skip
         if not any(rule(g) for rule in rules):
             break

@@ -28,6 +28,7 @@ from lax_ir.pieces import (
     demotions,
     gemm_cuts,
     piece_labels,
+    transposed_operand_cuts,
 )
 from lax_ir.program import Node, Program, make_params
 from lax_ir.slices import absorb_slices
@@ -241,6 +242,7 @@ def partition(program: Program, pieces: bool = True) -> Partition:
                 kinds[i], reasons[i] = "residual", why
             kept = [i for i in g if i not in demoted]
             cuts = gemm_cuts(program, kept) | capture_regroups(program, kept)
+            cuts |= transposed_operand_cuts(program, kept)
             labels.update(piece_labels(program, kept, cuts))
         cls = Classification(tuple(kinds), reasons)
         groups = _group(program, cls, labels)

@@ -318,6 +318,30 @@ def capture_regroups(program: Program, kept: Iterable[int]) -> set[int]:
     return out
 
 
+def transposed_operand_cuts(program: Program, kept: Iterable[int]) -> set[int]:
+    """Cuts at a computed value a matmul reads transposed as its first operand (a weight's
+    gradient `gᵀ h` in a backward pass, the capture's own transpose of a dot_general that
+    contracts rows): no layout rule moves that swap out of a region (the µGraph reads a
+    matmul's first operand by rows), so the piece ends at the value and the transpose opens
+    the next piece at its edge, where `lax_ir.layouts` moves it to the interface."""
+    nodes = program.nodes
+    kept = set(kept)
+    out: set[int] = set()
+    for m in kept:
+        if nodes[m].op != "matmul":
+            continue
+        a, swapped = nodes[m].args[0], False
+        while a in kept and nodes[a].op in SHAPE_OPS:
+            swapped = swapped or (nodes[a].op == "transpose" and restructures(program, a))
+            a = nodes[a].args[0]
+        if swapped and a in kept and nodes[a].op not in ("input", "constant"):
+            out.add(a)
+            b = nodes[m].args[1]  # what it multiplies (the layer's input, read by its forward
+            if b in kept and nodes[b].op != "constant":  # GEMM too) is read as it is stored
+                out.add(b)
+    return out
+
+
 def piece_labels(program: Program, kept: Iterable[int], cuts: set[int]) -> dict[int, int]:
     """Piece label per kept node: connected through producer edges that are not cuts."""
     kept = sorted(kept)
