@@ -107,10 +107,7 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
     out: dict[int, str] = {
         i: _RESTRUCTURES.format(op=nodes[i].op)
         for i in group
-        if nodes[i].op in LAYOUT
-        and restructures(program, i)
-        and placed(i, *nodes[i].args)
-        and not _biased_split(program, i, inside)
+        if nodes[i].op in LAYOUT and restructures(program, i) and placed(i, *nodes[i].args)
     }
     out.update(  # the µGraph has no concatenation: rotary's rotate-half joins its halves in XLA
         (i, _CONCAT) for i in group if nodes[i].op == "concatenate" and placed(i, *nodes[i].args)
@@ -151,28 +148,6 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
                 inside.discard(i)
                 changed = True
     return out
-
-
-def _biased_split(program: Program, i: int, inside: set[int]) -> bool:
-    """Is node i a reshape of a computed row (a projection's heads split out: flax's
-    `DenseGeneral`) read only by elementwise ops whose other operands come from outside the
-    region (its heads' bias)? It stays: `lax_ir.layouts` moves it past the bias to the
-    interface, so the bias is the projection's epilogue, not an XLA pass of its own."""
-    n, nodes = program.nodes[i], program.nodes
-    if n.op != "reshape" or n.args[0] not in inside or nodes[n.args[0]].op in LAYOUT:
-        return False
-    readers = program.users[i]
-    if not readers or i in program.outputs:
-        return False
-    for u in readers:
-        if u not in inside or nodes[u].op not in ELEMENTWISE or nodes[u].op == "matmul":
-            return False
-        for a in nodes[u].args:
-            while a in inside and nodes[a].op in SHAPE_OPS:
-                a = nodes[a].args[0]
-            if a != n.args[0] and a in inside and nodes[a].op != "constant":
-                return False
-    return True
 
 
 def _reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
@@ -270,9 +245,10 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
         ends = {x for x in epi if any(u in kept and u not in epi for u in users[x])}
         # An end that is a function of one other epilogue value (h*h, h - 0) is recomputed by
         # its reader: pull the cut back to that value (not an attention operand's: flax's
-        # heads' bias on Q, K and V is the projection's epilogue, not an XLA pass of its own). So is a convert read by several (the
-        # fp32 copy of a residual stream a norm reads twice): its readers read the stream as
-        # stored and widen it in their kernel (an XLA convert of its own cost a launch, 1.1 µs).
+        # heads' bias on Q, K and V is the projection's epilogue, not an XLA pass of its
+        # own). So is a convert read by several (the fp32 copy of a residual stream a norm
+        # reads twice): its readers read the stream as stored and widen it in their kernel (an
+        # XLA convert of its own cost a launch, 1.1 µs).
         pulled = True
         while pulled:
             pulled = False
