@@ -3,9 +3,11 @@ prefill block in plain jnp (biased q/k/v, GQA, RoPE, causal softmax, SwiGLU, bfl
 linen pre-LN MLP block with GELU, `jax.nn.dot_product_attention` with a causal mask,
 Llama-style MLP layers stacked and run by `jax.lax.scan` (on a CPU at small sizes), and a
 decode step whose q/k/v and gate/up weights are each one array, its product cut by `jnp.split`
-(Phi-3's fused layout), writing its KV cache. Each
-runs under `mirage_jax.jit` (fresh cache, its own search) and is compared to `jax.jit`; the
-regions' decisions are printed. Small shapes: a check of reach and correctness, not a timing.
+(Phi-3's fused layout), writing its KV cache, a flax linen Llama-style block (`RMSNorm`,
+`SelfAttention`, SwiGLU) over a batch of sequences, and an MLP's training step
+(`jax.value_and_grad` and an SGD update). Each runs under `mirage_jax.jit` (fresh cache, its
+own search) and is compared to `jax.jit`; the regions' decisions are printed. Small shapes: a
+check of reach and correctness, not a timing.
 
     python -m experiments.unseen_models                    # on the GPU: default backend
     python -m experiments.unseen_models --backend pallas-interpret qwen fused   # on a CPU
@@ -98,6 +100,47 @@ def linen_block():
     x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 8, 64)), jnp.float32)
     params = m.init(jax.random.PRNGKey(0), x)
     return (lambda params, x: m.apply(params, x)), (params, x)
+
+
+def linen_rms_block(batch=2, tokens=8, d=64, heads=4):
+    """flax linen, Llama-style: `RMSNorm`, `SelfAttention` (causal, no biases), a SwiGLU MLP of
+    `Dense` layers, over a batch of sequences (the norms' rows merged before their
+    projections)."""
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.RMSNorm()(x)
+            attn = nn.SelfAttention(num_heads=heads, use_bias=False)
+            x = x + attn(h, mask=nn.make_causal_mask(x[..., 0]))
+            h = nn.RMSNorm()(x)
+            gate, up = nn.Dense(4 * d, use_bias=False)(h), nn.Dense(4 * d, use_bias=False)(h)
+            return x + nn.Dense(d, use_bias=False)(nn.silu(gate) * up)
+
+    m = Block()
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((batch, tokens, d)), jnp.float32)
+    return m.apply, (m.init(jax.random.PRNGKey(0), x), x)
+
+
+def train_step(batch=2, tokens=8, d=64):
+    """One SGD step of a two-layer MLP: the loss, `jax.value_and_grad`, the update (the
+    weight gradients `gᵀ h` and the loss's mean over (B, T, D))."""
+
+    def step(params, x):
+        def loss(p):
+            h = jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"]
+            return jnp.mean(h**2)
+
+        value, grads = jax.value_and_grad(loss)(params)
+        return value, jax.tree.map(lambda a, g: a - 0.1 * g, params, grads)
+
+    rng = np.random.default_rng(6)
+
+    def n(*s):
+        return jnp.asarray(rng.standard_normal(s) * 0.1, jnp.float32)
+
+    return step, ({"w1": n(d, 4 * d), "b1": n(4 * d), "w2": n(4 * d, d)}, n(batch, tokens, d))
 
 
 def sdpa_prefill():
@@ -199,7 +242,11 @@ def run(name, fn, args, backend=None):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="*", default=["qwen", "linen", "sdpa", "scan", "fused"])
+    p.add_argument(
+        "models",
+        nargs="*",
+        default=["qwen", "linen", "linen_rms", "sdpa", "scan", "fused", "train"],
+    )
     p.add_argument("--backend", default=None, help="mirage_jax.jit's backend (default: its own)")
     args = p.parse_args(argv)
     if "qwen" in args.models:
@@ -217,6 +264,10 @@ def main(argv=None):
     if "fused" in args.models:
         fn, xs = fused_decode()
         run("fused", fn, xs, args.backend)
+    for name, make in (("linen_rms", linen_rms_block), ("train", train_step)):
+        if name in args.models:
+            fn, xs = make()
+            run(name, fn, xs, args.backend)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Model code written as users write it, not in `experiments.models`: under `mirage_jax.jit` on
 the CPU (Pallas interpret mode) its results match `jax.jit`'s."""
 
-from experiments.unseen_models import fused_decode, run
+from experiments.unseen_models import fused_decode, linen_rms_block, run
 
 
 def test_a_decode_step_with_fused_weights_gets_kernels_and_jax_jits_values():
@@ -11,5 +11,16 @@ def test_a_decode_step_with_fused_weights_gets_kernels_and_jax_jits_values():
     fn, args = fused_decode()
     _, err, decisions = run("fused", fn, args, "pallas-interpret")
     assert err < 2e-2
+    kernels = [d for d in decisions if d.status == "kernel"]
+    assert len(kernels) >= 4, [(d.index, d.status, d.reason) for d in decisions]
+
+
+def test_a_linen_llama_block_over_a_batch_of_sequences_gets_kernels():
+    """flax linen's `RMSNorm` before `Dense` and `SelfAttention` at batch 2: the norms' rows
+    are merged before their projections (`lax_ir.row_layouts`), so the norm + q/k/v, the
+    attention, the output projection and the MLP reach the search; outputs match jax.jit."""
+    fn, args = linen_rms_block()
+    _, err, decisions = run("linen_rms", fn, args, "pallas-interpret")
+    assert err < 1e-4
     kernels = [d for d in decisions if d.status == "kernel"]
     assert len(kernels) >= 4, [(d.index, d.status, d.reason) for d in decisions]
