@@ -30,27 +30,11 @@ from flax import nnx
 
 import mirage_jax
 from experiments.library_blocks import parser, rel_err, run_rows, write
-
-
-class NnxBlock(nnx.Module):
-    """Pre-LN causal block: x + attn(ln(x)), then + mlp(ln(.)); x (B, T, D)."""
-
-    def __init__(self, d: int, heads: int, dtype: Any, rngs: nnx.Rngs):
-        kw = {"dtype": dtype, "param_dtype": dtype, "rngs": rngs}
-        self.ln1 = nnx.LayerNorm(d, **kw)
-        self.attn = nnx.MultiHeadAttention(heads, d, decode=False, **kw)
-        self.ln2 = nnx.LayerNorm(d, **kw)
-        self.up = nnx.Linear(d, 4 * d, **kw)
-        self.down = nnx.Linear(4 * d, d, **kw)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x (B, T, D) -> (B, T, D)."""
-        x = x + self.attn(self.ln1(x), mask=nnx.make_causal_mask(x[..., 0]))
-        return x + self.down(jax.nn.gelu(self.up(self.ln2(x))))
+from experiments.nnx_builtins import Block, step
 
 
 class LinenBlock(nn.Module):
-    """The same block in flax linen."""
+    """The prefill block of `nnx_builtins.Block(decode=False)` in flax linen."""
 
     heads: int
     dtype: Any
@@ -64,11 +48,6 @@ class LinenBlock(nn.Module):
         x = x + attn(h, h, mask=nn.make_causal_mask(x[..., 0]))
         h = nn.Dense(4 * x.shape[-1], **kw)(nn.LayerNorm(**kw)(x))
         return x + nn.Dense(x.shape[-1], **kw)(jax.nn.gelu(h))
-
-
-def nnx_forward(block: NnxBlock, x: jax.Array) -> jax.Array:
-    """The nnx block's prefill."""
-    return block(x)
 
 
 def _timed(fn: Any, args: tuple, calls: int) -> float:
@@ -90,10 +69,10 @@ def run_case(
     """One row: mirage_jax.jit (fresh cache) against the library's own jit."""
     x = jax.random.normal(jax.random.PRNGKey(1), (batch, tokens, d), jnp.float32).astype(dtype)
     if library == "nnx":
-        block = NnxBlock(d, heads, dtype, nnx.Rngs(0))
-        ref, fn, args = nnx.jit(nnx_forward), nnx_forward, (block, x)
+        block = Block(d, heads, dtype, nnx.Rngs(0), decode=False)
+        ref, fn, args = nnx.jit(step), step, (block, x)
         graphdef, state = nnx.split(block)
-        plain = (jax.jit(lambda s, x: nnx_forward(nnx.merge(graphdef, s), x)), (state, x))
+        plain = (jax.jit(lambda s, x: step(nnx.merge(graphdef, s), x)), (state, x))
     else:
         model = LinenBlock(heads, dtype)
         params = model.init(jax.random.PRNGKey(0), x)

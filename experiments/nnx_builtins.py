@@ -31,24 +31,28 @@ from experiments.library_blocks import parser, rel_err, run_rows, write
 
 
 class Block(nnx.Module):
-    """Pre-LN decoder block decoding one token: x + attn(ln(x)), then + mlp(ln(.))."""
+    """Pre-LN block: x + attn(ln(x)), then + mlp(ln(.)). With `decode` it decodes one token
+    and writes the attention's cache at its index; without, it runs a causal prefill
+    (`experiments.flax_prefill`)."""
 
-    def __init__(self, d: int, heads: int, dtype: Any, rngs: nnx.Rngs):
+    def __init__(self, d: int, heads: int, dtype: Any, rngs: nnx.Rngs, decode: bool = True):
         kw = {"dtype": dtype, "param_dtype": dtype, "rngs": rngs}
         self.ln1 = nnx.LayerNorm(d, **kw)
-        self.attn = nnx.MultiHeadAttention(heads, d, decode=True, **kw)
+        self.attn = nnx.MultiHeadAttention(heads, d, decode=decode, **kw)
         self.ln2 = nnx.LayerNorm(d, **kw)
         self.up = nnx.Linear(d, 4 * d, **kw)
         self.down = nnx.Linear(4 * d, d, **kw)
+        self.decode = decode
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """x (B, 1, D) -> (B, 1, D); writes the attention's cache at its index."""
-        x = x + self.attn(self.ln1(x))
+        """x (B, T, D) -> (B, T, D); T = 1 where it decodes."""
+        mask = None if self.decode else nnx.make_causal_mask(x[..., 0])
+        x = x + self.attn(self.ln1(x), mask=mask)
         return x + self.down(jax.nn.gelu(self.up(self.ln2(x))))
 
 
 def step(block: Block, x: jax.Array) -> jax.Array:
-    """One decode step of the block."""
+    """One call of the block (a decode step, or a prefill)."""
     return block(x)
 
 

@@ -178,17 +178,21 @@ def _pv_operands(program: Program, kept: set[int], matmuls: Sequence[int]) -> se
                 stack.append(u)
     cuts = set()
     for m in matmuls:
-        args = []
-        for a in program.nodes[m].args:
-            while program.nodes[a].op in SHAPE_OPS and a in kept:
-                a = program.nodes[a].args[0]
-            args.append(a)
+        args = [_laid_out(program, a, kept) for a in program.nodes[m].args]
         if sum(a in soft for a in args) != 1:
             continue
         v = next(a for a in args if a not in soft)
         if v in kept and program.nodes[v].op not in ("input", "constant"):
             cuts.add(v)
     return cuts
+
+
+def _laid_out(program: Program, a: int, kept: set[int]) -> int:
+    """The value that the region's layout ops (and converts) before `a` lay out: `a` seen
+    through them back to the region's edge."""
+    while a in kept and program.nodes[a].op in SHAPE_OPS:
+        a = program.nodes[a].args[0]
+    return a
 
 
 def _activation(program: Program, m: int) -> int:
@@ -213,8 +217,7 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
             siblings.setdefault(_activation(program, m), []).append(m)
             continue
         for a in nodes[m].args:  # QKᵀ reads Q and K as computed (rotary embeddings: XLA)
-            while nodes[a].op in SHAPE_OPS and a in kept:
-                a = nodes[a].args[0]
+            a = _laid_out(program, a, kept)
             if a in kept:
                 cuts.add(a)
 
@@ -222,8 +225,7 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
 
     def free(a: int) -> bool:
         """Is a a value from outside the region, seen through layout ops (a bias row)?"""
-        while a in kept and nodes[a].op in SHAPE_OPS:
-            a = nodes[a].args[0]
+        a = _laid_out(program, a, kept)
         return a not in kept or nodes[a].op == "constant"
 
     required = set(cuts)
