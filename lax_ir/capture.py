@@ -20,6 +20,7 @@ from jax.extend import core as jex_core
 from lax_ir.dtypes import is_float
 from lax_ir.ops import PRIMITIVES, dtype_name, matmul_shape
 from lax_ir.program import Const, Node, Opaque, Program, make_params
+from lax_ir.variance import centred_variance
 
 CALL_PRIMITIVES = {
     "jit",
@@ -304,6 +305,14 @@ def _simple(op: str):
                     and b.shape(ins[keep]) == shape
                 ):
                     return ins[keep]
+            for zero, value in ((0, 1), (1, 0)):
+                c = _constant_scalar(b, ins[zero])
+                # max(0, mean(x²) - mean(x)²), flax's fast variance: the centred variance
+                found = centred_variance(b, c, ins[value])
+                if found is not None and (b.shape(found), b.dtype(found)) == (shape, dtype):
+                    return found
+                if c is not None and float(c) == 0.0 and b.shape(ins[value]) == shape:
+                    return b.op("relu", (ins[value],), shape, dtype)  # max(x, 0)
         if op in ("add", "sub", "mul") and len(ins) == 2:
             # x - zeros, x + zeros, x * ones (flax's RMSNorm subtracts a mean of zeros): x
             # itself. A scalar 0 or 1 stays (the search reads it as a scalar op; the paper's

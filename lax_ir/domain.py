@@ -39,6 +39,8 @@ def nonnegative_inputs(program: Program) -> frozenset[int]:
             continue  # so is a square, x * x (rms_norm's; drawn of both signs, H100 2026-11-27:
             # qknorm's Q and K drawn |N| overflowed jax's fp16 softmax sum, and the
             # whole-function check then kept XLA on a correct kernel)
+        elif n.op == "relu":
+            continue  # max(x, 0) is non-negative whatever x
         elif n.op in _KEEPS_SIGN and not any(_negative_constant(nodes[a]) for a in n.args):
             need.extend(n.args)
     return frozenset(found)

@@ -9,7 +9,7 @@ the verifier treat it:
 
 - "lax": multilinear ops, division, non-nested exp, and the shape ops between them; inside a
   region, with an exact field meaning.
-- "uninterpreted": sqrt, logistic, tanh, erf. Not polynomial, but harmless inside norms and
+- "uninterpreted": sqrt, logistic, tanh, erf, relu. Not polynomial, but harmless inside norms and
   activations: inside a region, verified as keyed random functions shared by both sides.
 - "shift": reduce_max and max, which are Lax only when they form a softmax's stabilising
   shift (decided per node by `lax_ir.partition.classify`); otherwise residual.
@@ -58,6 +58,10 @@ def _lax(name: str) -> Callable[[Any], Any]:
     return lambda a: getattr(importlib.import_module("jax.lax"), name)(a)
 
 
+def _relu(a: Any) -> Any:
+    return importlib.import_module("jax.numpy").maximum(a, 0)
+
+
 def _np_erf(a: Any) -> Any:
     from scipy.special import erf
 
@@ -95,6 +99,16 @@ _TABLE = [
     _unary("logistic", "elementwise 1 / (1 + e**-a)", lambda a: 1.0 / (1.0 + np.exp(-a))),
     _unary("tanh", "elementwise tanh", np.tanh),
     _unary("erf", "elementwise error function", _np_erf),
+    OpInfo(
+        "relu",
+        "uninterpreted",
+        1,
+        "elementwise max(a, 0) (captured from `max` with a zero)",
+        "",
+        True,
+        lambda a: np.maximum(a, 0),
+        _relu,
+    ),
     OpInfo("reduce_max", "shift", 1, "max over axes (param axes); Lax only as a softmax shift"),
     OpInfo("max", "shift", 2, "elementwise maximum; Lax only inside a softmax shift", "max", True),
     OpInfo("opaque", "residual", None, "any other JAX primitive (param payload: Opaque)"),

@@ -157,6 +157,7 @@ for _name, _fn in {
     "sigmoid": _sigmoid,
     "silu": lambda x: x * _sigmoid(x),
     "tanh": jnp.tanh,
+    "relu": lambda x: jnp.maximum(x, 0.0),
 }.items():
     registry.add(BACKEND, _name, _unary(_fn))
 

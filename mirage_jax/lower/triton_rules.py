@@ -137,6 +137,7 @@ for _name, _tpl in {
     "sigmoid": "tl.sigmoid({x})",
     "silu": "{x} * tl.sigmoid({x})",
     "tanh": "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)",
+    "relu": "tl.maximum({x}, 0.0)",
 }.items():
     registry.add(BACKEND, _name, _unary(_tpl))
 for _name, _op in {"add": "+", "sub": "-", "mul": "*", "div": "/"}.items():

@@ -458,6 +458,10 @@ _TABLE = [
         search=S(when("tanh"), scale_result=False, sfu=2),
     ),
     OpDef(
+        "relu", 1, _KB, _EW, _same, elementwise(lambda c, x: c.alg.unary("relu", x)),
+        "max(x, 0) (uninterpreted in the field)", search=S(when("relu"), scale_result=False),
+    ),
+    OpDef(
         "gelu", 1, _KB, _EW, _same, elementwise(_gelu),
         "0.5x·(1 − erf(−x·c)), c = 1/√2 as the region has it (erf form; optional param c)",
         search=S(_gelu_offer, scale_result=False, sfu=2, fused=True),
