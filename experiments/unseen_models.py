@@ -4,8 +4,8 @@ linen pre-LN MLP block with GELU, `jax.nn.dot_product_attention` with a causal m
 Llama-style MLP layers stacked and run by `jax.lax.scan` (on a CPU at small sizes), and a
 decode step whose q/k/v and gate/up weights are each one array, its product cut by `jnp.split`
 (Phi-3's fused layout), writing its KV cache, a flax linen Llama-style block (`RMSNorm`,
-`SelfAttention`, SwiGLU) over a batch of sequences, and an MLP's training step
-(`jax.value_and_grad` and an SGD update). Each runs under `mirage_jax.jit` (fresh cache, its
+`SelfAttention`, SwiGLU) over a batch of sequences, T5's ReLU feed-forward layer, and an MLP's
+training step (`jax.value_and_grad` and an SGD update). Each runs under `mirage_jax.jit` (fresh cache, its
 own search) and is compared to `jax.jit`; the regions' decisions are printed. Small shapes: a
 check of reach and correctness, not a timing.
 
@@ -120,6 +120,22 @@ def linen_rms_block(batch=2, tokens=8, d=64, heads=4):
 
     m = Block()
     x = jnp.asarray(np.random.default_rng(5).standard_normal((batch, tokens, d)), jnp.float32)
+    return m.apply, (m.init(jax.random.PRNGKey(0), x), x)
+
+
+def relu_ffn(batch=2, tokens=8, d=64):
+    """T5's feed-forward layer in flax linen: an RMS norm, `Dense` without biases, ReLU, and
+    the residual add."""
+    import flax.linen as nn
+
+    class FFN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(4 * d, use_bias=False)(nn.RMSNorm()(x))
+            return x + nn.Dense(d, use_bias=False)(nn.relu(h))
+
+    m = FFN()
+    x = jnp.asarray(np.random.default_rng(7).standard_normal((batch, tokens, d)), jnp.float32)
     return m.apply, (m.init(jax.random.PRNGKey(0), x), x)
 
 
@@ -245,7 +261,7 @@ def main(argv=None):
     p.add_argument(
         "models",
         nargs="*",
-        default=["qwen", "linen", "linen_rms", "sdpa", "scan", "fused", "train"],
+        default=["qwen", "linen", "linen_rms", "relu_ffn", "sdpa", "scan", "fused", "train"],
     )
     p.add_argument("--backend", default=None, help="mirage_jax.jit's backend (default: its own)")
     args = p.parse_args(argv)
@@ -264,7 +280,11 @@ def main(argv=None):
     if "fused" in args.models:
         fn, xs = fused_decode()
         run("fused", fn, xs, args.backend)
-    for name, make in (("linen_rms", linen_rms_block), ("train", train_step)):
+    for name, make in (
+        ("linen_rms", linen_rms_block),
+        ("relu_ffn", relu_ffn),
+        ("train", train_step),
+    ):
         if name in args.models:
             fn, xs = make()
             run(name, fn, xs, args.backend)
