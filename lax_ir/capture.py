@@ -20,7 +20,7 @@ from jax.extend import core as jex_core
 from lax_ir.dtypes import is_float
 from lax_ir.ops import PRIMITIVES, dtype_name, matmul_shape
 from lax_ir.program import Const, Node, Opaque, Program, make_params
-from lax_ir.variance import centred_variance
+from lax_ir.variance import centred_variance, nonnegative
 
 CALL_PRIMITIVES = {
     "jit",
@@ -312,6 +312,8 @@ def _simple(op: str):
                 if found is not None and (b.shape(found), b.dtype(found)) == (shape, dtype):
                     return found
                 if c is not None and float(c) == 0.0 and b.shape(ins[value]) == shape:
+                    if nonnegative(b, ins[value]):  # max(0, var): var
+                        return ins[value]
                     return b.op("relu", (ins[value],), shape, dtype)  # max(x, 0)
         if op in ("add", "sub", "mul") and len(ins) == 2:
             # x - zeros, x + zeros, x * ones (flax's RMSNorm subtracts a mean of zeros): x

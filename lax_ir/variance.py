@@ -1,4 +1,5 @@
-"""flax's fast variance, `max(0, E[x²] − E[x]²)`, captured as the centred `E[(x − E[x])²]`.
+"""Zero clamps of variances: flax's fast variance, `max(0, E[x²] − E[x]²)`, captured as the
+centred `E[(x − E[x])²]`, and a clamp of what is non-negative by construction dropped.
 
 flax's `LayerNorm` (linen and nnx, `use_fast_variance=True` by default) computes its variance
 as the mean of squares less the squared mean, clamped at zero against rounding. An elementwise
@@ -6,7 +7,9 @@ as the mean of squares less the squared mean, clamped at zero against rounding. 
 region that no µGraph computes (the search has no last-axis mean to centre with) and the rest.
 The two forms are equal in exact arithmetic, and the centred one is never negative, so the
 clamp has nothing to do: the capture writes the centred form (the one `layer_norm` and GPT-2's
-LayerNorm use), which is also the more accurate in floating point.
+LayerNorm use), which is also the more accurate in floating point. equinox's `LayerNorm` clamps
+the centred variance itself (`jnp.var`); a mean of squares is non-negative in floating point
+too, so that clamp is the identity and is dropped (`nonnegative`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,29 @@ def centred_variance(b: Any, clamp_at: Any, value: int) -> int | None:
         args = tuple(out if i == step.prev else i for i in step.node.args)
         out = b.op(step.node.op, args, step.node.shape, step.node.dtype, **dict(step.node.params))
     return out if b.shape(out) == b.shape(value) else None
+
+
+NONNEGATIVE_STEPS = ("add", "mul", "div", "reduce_sum", "reshape", "broadcast_in_dim", "sqrt")
+"""Ops whose floating-point result is >= 0 where every operand is (a rounded sum or product of
+non-negative numbers is non-negative)."""
+
+
+def nonnegative(b: Any, i: int, depth: int = 8) -> bool:
+    """Is node i >= 0 by construction, in floating point: a square, a relu, a positive constant,
+    or a sum, product, quotient, mean or square root of such (equinox's LayerNorm clamps its
+    centred variance, `jnp.var`, at zero)."""
+    n = b.nodes[i]
+    if n.op == "constant":
+        return bool((n.param("value").array >= 0).all())
+    if n.op == "relu" or _square_of(b, i) is not None:
+        return True
+    if n.op == "integer_pow" and int(n.param("y")) % 2 == 0:
+        return True
+    return (
+        depth > 0
+        and n.op in NONNEGATIVE_STEPS
+        and all(nonnegative(b, a, depth - 1) for a in n.args)
+    )
 
 
 def _square_of(b: Any, i: int) -> int | None:

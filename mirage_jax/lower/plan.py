@@ -234,8 +234,9 @@ def plan_kernel(
             "accum_keep",
         ):
             for a in args:
-                for d in range(rank):
-                    tie(a, d, t, d)
+                pad = rank - len(tiles[a])  # an operand of fewer dims: aligned from the right
+                for d in range(pad, rank):
+                    tie(a, d - pad, t, d)
         elif spec.kind == "reduce" or op.op in (
             "accum_sum_last",
             "accum_mean_last",

@@ -160,13 +160,14 @@ class OpDef:
 
 # ---------------------------------------------------------------------------- shape rules
 def broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    """Equal ranks; each dim equal or 1 on one side (Mirage broadcasts only size-1 dims)."""
+    """Each dim equal or 1 on one side (Mirage broadcasts only size-1 dims); ranks aligned from
+    the right as numpy's, a missing leading dim a unit one (a canonical region drops leading
+    unit dims, so a bias or a mask may have fewer than what it meets)."""
     first = shapes[0]
     if all(s == first for s in shapes):  # the common case (the search asks it ~10^5 times)
         return tuple(first)
-    rank = len(first)
-    if any(len(s) != rank for s in shapes):
-        raise ShapeError(f"operand ranks differ: {list(shapes)}")
+    rank = max(len(s) for s in shapes)
+    shapes = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
     out = []
     for dims in zip(*shapes):
         big = {d for d in dims if d != 1}

@@ -85,9 +85,24 @@ def elementwise(fn: Callable[..., Any]) -> Callable[[Ctx, list[Any]], Any]:
     """The meaning of an elementwise op `fn(ctx, *args)`: computed in fp32, rounded back."""
 
     def apply(ctx: Ctx, a: list[Any]) -> Any:
+        a = _same_rank(ctx, a)
         return _from_acc(ctx, fn(ctx, *[_to_acc(ctx, x) for x in a]))
 
     return apply
+
+
+def _same_rank(ctx: Ctx, a: list[Any]) -> list[Any]:
+    """Operands of fewer tile dims than the result's get unit dims before their tile (numpy's
+    alignment from the right, kept clear of a block tensor's leading batch dims)."""
+    rank = len(ctx.out_shape)
+    if len(a) < 2 or all(len(s) == rank for s in ctx.arg_shapes):
+        return a
+    out = []
+    for x, s in zip(a, ctx.arg_shapes):
+        pad = rank - len(s)
+        shape = (*s[: ctx.nb], *(1,) * pad, *s[ctx.nb :])
+        out.append(ctx.alg.reshape(x, shape) if pad > 0 else x)
+    return out
 
 
 def _sum_keep(ctx, x, axes, shape):

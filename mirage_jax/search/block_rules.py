@@ -32,6 +32,14 @@ class BT:
     rescaled: int | None = None  # for an accum_rescale_* result: the final shift it used
 
 
+def _ranked(t: BT, rank: int) -> BT:
+    """t with leading unit axes (no label) up to `rank`."""
+    pad = rank - len(t.labels)
+    if pad <= 0:
+        return t
+    return replace(t, labels=(None,) * pad + tuple(t.labels), tile=(1,) * pad + tuple(t.tile))
+
+
 def epilogue_pair(name: str, ts) -> bool:
     """A binary elementwise op of an epilogue input's transfer and an accumulated tensor."""
     if len(ts) != 2 or OPS[name].kind != "elementwise":
@@ -82,6 +90,10 @@ class BlockRules:
         return t.partial | frozenset(lab for lab in t.labels if lab in self.pclasses) | t.varies
 
     def _merge_labels(self, a: BT, b: BT):
+        """The labels of a broadcast of a and b (numpy's: aligned from the right, a missing
+        leading axis a unit one), or None where they disagree."""
+        rank = max(len(a.labels), len(b.labels))
+        a, b = _ranked(a, rank), _ranked(b, rank)
         out = []
         for la, lb, na, nb in zip(a.labels, b.labels, a.tile, b.tile):
             if la is not None and lb is not None and la != lb:

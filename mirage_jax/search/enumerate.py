@@ -446,7 +446,9 @@ def _compatible(a: tuple, b: tuple) -> tuple[bool, bool, bool]:
     got = _COMPAT.get(key)
     if got is None:
         same_rank = len(a) == len(b)
-        ew = same_rank and all(x is None or y is None or x == y for x, y in zip(a, b))
+        # elementwise: numpy broadcasting, aligned from the right (a canonical region drops
+        # leading unit axes, so a bias or a mask may have fewer axes than what it meets)
+        ew = all(x is None or y is None or x == y for x, y in zip(a[::-1], b[::-1]))
         mm = same_rank and len(a) >= 2
         batch = mm and all(x is None or y is None or x == y for x, y in zip(a[:-2], b[:-2]))
         ab = batch and a[-1] == b[-2] and a[-1] is not None

@@ -241,6 +241,8 @@ def scalar_constants(
     out: dict[str, list[float]] = {"mul": [], "add": []}
     nodes = program.nodes
     for i, n in program.ops():
+        if n.op == "neg" and i not in skip and -1.0 not in out["mul"]:
+            out["mul"].append(-1.0)  # -x is x · -1 (rotary's rotate-half)
         if i in skip or n.op not in ("mul", "add", "sub", "div"):
             continue
         for pos, a in enumerate(n.args):
