@@ -77,3 +77,14 @@ def test_other_clamps_are_kept(fn):
     ops = program.op_counts()
     assert "relu" in ops or "max" in ops, program.pretty()
     assert ops.get("integer_pow", 0) + ops.get("mul", 0) == 2, program.pretty()
+
+
+def test_equinox_layer_norm_clamp_of_a_centred_variance_is_dropped():
+    """equinox clamps `jnp.var` (a mean of squares: never negative in floating point) at zero:
+    the clamp is the identity, so the norm is one region with no `relu` or `max`."""
+    import equinox as eqx
+
+    ln = eqx.nn.LayerNorm(32)
+    _check(lambda x: jax.vmap(jax.vmap(ln))(x), _x(seed=5))
+    program = lax_ir.capture(lambda x: jnp.maximum(0.0, x * x) + jnp.maximum(0.0, x), _x(seed=6))
+    assert program.op_counts()["relu"] == 1, program.pretty()  # x * x needs no clamp, x does
