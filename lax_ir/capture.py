@@ -356,12 +356,30 @@ def _constant_scalar(b: _Builder, i: int) -> Any:
     return v.reshape(-1)[0] if v.size and np.all(v == v.reshape(-1)[0]) else None
 
 
+MASK_FILL = -1e4
+"""A `where(mask, s, fill)` with a fill at most this (a user's −1e9 or −1e4) is an additive mask
+where the mask is a constant that keeps an entry of every row: the masked entries' exp
+underflows to exactly 0 either way (exp(−1e4) is 0 in every float dtype), so only a row with
+no kept entry (uniform under `where`) could tell the two apart."""
+
+
+def _keeps_every_row(b: _Builder, pred: int, dims: tuple[int, ...], rank: int) -> bool:
+    """Is `pred` (broadcast into the last of `rank` axes along `dims`) a constant mask with a
+    True in every row of the last axis?"""
+    n = b.nodes[pred]
+    if n.op != "constant" or rank - 1 not in dims:
+        return False
+    mask = np.asarray(n.param("value").array)
+    return bool(np.all(np.any(mask, axis=dims.index(rank - 1))))
+
+
 def _select_n(b: _Builder, ins, params, shape, dtype):
     """select_n with a constant predicate picks its case; `where(mask, s, fill)` with a
     masking fill (−inf or a large negative) becomes the additive mask `s + bias`,
     bias = where(mask, 0, fill) computed by XLA from the mask alone, so the mask cuts no
     float computation (the scores' softmax stays one region). Exact where the fill is −inf;
-    with a large negative fill the masked entries differ only below exp's underflow."""
+    with a large negative fill the masked entries differ only below exp's underflow (a fill
+    of −1e4 and more only with a constant mask that keeps an entry of every row)."""
     if len(ins) != 3:
         return None
     which = _constant_scalar(b, ins[0])
@@ -371,11 +389,15 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
     if fill is None or not is_float(dtype) or b.dtype(ins[0]) != "bool":
         return None
     fill = float(fill)
-    if not (fill == -np.inf or fill <= 0.5 * float(_finfo(dtype).min)):
+    pred, dims = _unbroadcast(b, ins[0], len(shape))
+    if not (
+        fill == -np.inf
+        or fill <= 0.5 * float(_finfo(dtype).min)
+        or (fill <= MASK_FILL and _keeps_every_row(b, pred, dims, len(shape)))
+    ):
         return None
     from lax_ir.program import Opaque
 
-    pred, dims = _unbroadcast(b, ins[0], len(shape))
     small = b.shape(pred)
     select = Opaque(jax.lax.select_n_p, {})
     kept = [1] * len(shape)

@@ -127,3 +127,36 @@ def test_an_and_with_true_is_its_other_operand_and_keeps_its_value():
     assert not any(n.op == "opaque" and n.param("payload").primitive.name == "and" for n in p.nodes)
     got = jax.jit(lax_ir.rebuild(lax_ir.partition(p)))(x, m)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(x, m)))
+
+
+@pytest.mark.parametrize("fill", [-1e9, -1e4])
+def test_a_users_large_negative_fill_with_a_constant_causal_mask_is_a_bias(fill):
+    """`where(tril, s, -1e9)`: every row keeps an entry, so the masked entries' exp is exactly 0
+    as with −inf; the attention is one region and computes the same."""
+
+    def f(q, k, v):
+        s = q @ k.T * 0.25
+        s = jnp.where(jnp.tril(jnp.ones((16, 16), bool)), s, fill)
+        return jax.nn.softmax(s, axis=-1) @ v
+
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((16, 8)), jnp.float32) for _ in range(3))
+    program = lax_ir.capture(f, q, k, v)
+    assert "opaque" not in program.op_counts(), program.pretty()
+    part = lax_ir.partition(program)
+    assert len(part.regions) == 1, part.explain()
+    got = jax.jit(lax_ir.rebuild(part))(q, k, v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(f)(q, k, v)), rtol=1e-6)
+
+
+def test_a_large_negative_fill_stays_a_select_where_a_row_is_masked_whole():
+    """A row with no kept entry is uniform under `where` and not under `s + bias`."""
+
+    def f(s):
+        mask = jnp.tril(jnp.ones((8, 8), bool), -1)  # row 0 keeps nothing
+        return jax.nn.softmax(jnp.where(mask, s, -1e9), axis=-1)
+
+    p = lax_ir.capture(f, jnp.ones((8, 8)))
+    assert any(
+        n.op == "opaque" and n.param("payload").primitive.name == "select_n" for n in p.nodes
+    )
