@@ -22,7 +22,8 @@ class Vocabulary:
 
     unary: tuple[tuple[str, tuple], ...]
     binary: tuple[str, ...]
-    reduce_dims: frozenset  # dimensions a block reduce_sum may sum (non-last axes only)
+    reduce_dims: frozenset  # dimensions a block reduce_sum may sum
+    row_sums: bool  # ... along a tile's last axis too (a region with no matmul)
     shift_dims: frozenset  # dimensions a softmax shift (reduce_max) is taken over
     shifts: bool
     accumulators: tuple[tuple[str, tuple], ...]
@@ -96,7 +97,8 @@ def build_vocabulary(
     scalar constants, the epsilons its norms may add, the 1/n of its means over non-last axes)
     are offered to every record (`SearchProps.offer`). A block `reduce_sum` is offered only
     over dimensions the program sums over other than the last axis of its operand (a last-axis
-    sum is an `accum_*_last`, or inside `rms_norm`), and `reduce_max` only over the dimensions
+    sum is an `accum_*_last`, or inside `rms_norm`), the last axis too in a region with no
+    matmul (a softmax or a centring on its own, which no fused op says), and `reduce_max` only over the dimensions
     the program's softmax shifts are taken over. With the program's `terms`, the nodes a fused
     op covers (`fused_cover`) add nothing but that op: Gemma's gelu no longer brings `sub`,
     `layer_norm` and its constants, which multiplied the search's enumeration.
@@ -127,6 +129,7 @@ def build_vocabulary(
         unary=tuple(unary),
         binary=tuple(binary),
         reduce_dims=frozenset(reduce_dims),
+        row_sums=not _has_matmul(program),
         shift_dims=frozenset(shift_dims),
         shifts="reduce_max" in facts.features,
         accumulators=tuple(accs),
@@ -135,8 +138,15 @@ def build_vocabulary(
     )
 
 
+def _has_matmul(program: Any) -> bool:
+    return any(n.op == "matmul" for _, n in program.ops())
+
+
 def _reduced_dims(program: Any, dims: Any) -> tuple[set, set]:
-    """(dimensions summed over other than an operand's last axis, softmax shift dimensions)."""
+    """(dimensions summed over other than an operand's last axis, softmax shift dimensions);
+    in a region with no matmul, last-axis sums too (a softmax or a centring on its own: no
+    norm or attention op says it there)."""
+    rowwise = not _has_matmul(program)
     reduce_dims, shift_dims = set(), set()
     for _, n in program.ops():
         if n.op in ("reduce_sum", "reduce_max"):
@@ -146,7 +156,7 @@ def _reduced_dims(program: Any, dims: Any) -> tuple[set, set]:
                     continue
                 if n.op == "reduce_max":
                     shift_dims.add(src[ax])
-                elif ax != len(src) - 1:
+                elif ax != len(src) - 1 or rowwise:
                     reduce_dims.add(src[ax])
     return reduce_dims, shift_dims
 
