@@ -156,6 +156,16 @@ class _Builder:
         arr = np.asarray(value, dtype=dtype)
         return self.op("constant", (), arr.shape, dtype, value=Const(arr))
 
+    def constant_scalar(self, i: int) -> Any:
+        """The value of node i if it is a constant (or a broadcast of one) with one value."""
+        n = self.nodes[i]
+        while n.op in ("broadcast_in_dim", "reshape"):
+            n = self.nodes[n.args[0]]
+        if n.op != "constant":
+            return None
+        v = n.param("value").array
+        return v.reshape(-1)[0] if v.size and np.all(v == v.reshape(-1)[0]) else None
+
     # ------------------------------------------------------------------ shape helpers
     def reshape(self, x: int, shape: Sequence[int]) -> int:
         shape = tuple(int(d) for d in shape)
@@ -306,7 +316,7 @@ def _simple(op: str):
                 ):
                     return ins[keep]
             for zero, value in ((0, 1), (1, 0)):
-                c = _constant_scalar(b, ins[zero])
+                c = b.constant_scalar(ins[zero])
                 # max(0, mean(x²) - mean(x)²), flax's fast variance: the centred variance
                 found = centred_variance(b, c, ins[value])
                 if found is not None and (b.shape(found), b.dtype(found)) == (shape, dtype):
@@ -323,7 +333,7 @@ def _simple(op: str):
             for keep, other in ((0, 1), (1, 0)) if op != "sub" else ((0, 1),):
                 if not b.shape(ins[other]):
                     continue
-                c = _constant_scalar(b, ins[other])
+                c = b.constant_scalar(ins[other])
                 kept = b.nodes[ins[keep]]
                 same = tuple(kept.shape) == tuple(shape) and kept.dtype == dtype
                 if c is not None and float(c) == unit and same:
@@ -343,17 +353,6 @@ def _rsqrt(b: _Builder, ins, params, shape, dtype):
 def _erfc(b: _Builder, ins, params, shape, dtype):
     one = b.const(1.0, dtype)
     return b.binary("sub", one, b.op("erf", ins, shape, dtype), dtype)
-
-
-def _constant_scalar(b: _Builder, i: int) -> Any:
-    """The value of node i if it is a constant (or a broadcast of one) with one value."""
-    n = b.nodes[i]
-    while n.op in ("broadcast_in_dim", "reshape"):
-        n = b.nodes[n.args[0]]
-    if n.op != "constant":
-        return None
-    v = n.param("value").array
-    return v.reshape(-1)[0] if v.size and np.all(v == v.reshape(-1)[0]) else None
 
 
 MASK_FILL = -1e4
@@ -382,10 +381,10 @@ def _select_n(b: _Builder, ins, params, shape, dtype):
     of −1e4 and more only with a constant mask that keeps an entry of every row)."""
     if len(ins) != 3:
         return None
-    which = _constant_scalar(b, ins[0])
+    which = b.constant_scalar(ins[0])
     if which is not None and b.shape(ins[int(which) + 1]) == shape:
         return ins[int(which) + 1]
-    fill = _constant_scalar(b, ins[1])
+    fill = b.constant_scalar(ins[1])
     if fill is None or not is_float(dtype) or b.dtype(ins[0]) != "bool":
         return None
     fill = float(fill)
@@ -498,7 +497,7 @@ def _and(b: _Builder, ins, params, shape, dtype):
     if len(ins) != 2 or dtype != "bool":
         return None
     for true, other in ((ins[0], ins[1]), (ins[1], ins[0])):
-        value = _constant_scalar(b, true)
+        value = b.constant_scalar(true)
         have = b.shape(other)
         if value is None or not bool(value) or b.dtype(other) != "bool" or len(have) != len(shape):
             continue

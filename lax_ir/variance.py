@@ -131,10 +131,8 @@ def _mean(b: Any, i: int) -> tuple[int, list[_Step]] | None:
 
 def _constant_side(b: Any, n: Any) -> tuple[float, int] | None:
     """(the scalar constant, the position of the other operand) of a binary op with one."""
-    from lax_ir.capture import _constant_scalar
-
     for c_at, k in ((1, 0), (0, 1)):
-        c = _constant_scalar(b, n.args[c_at])
+        c = b.constant_scalar(n.args[c_at])
         if c is not None and float(c) != 0.0:
             return float(c), k
     return None
