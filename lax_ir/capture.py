@@ -317,14 +317,15 @@ def _simple(op: str):
                     return ins[keep]
             for zero, value in ((0, 1), (1, 0)):
                 c = b.constant_scalar(ins[zero])
+                if c is None or float(c) != 0.0 or b.shape(ins[value]) != shape:
+                    continue
                 # max(0, mean(x²) - mean(x)²), flax's fast variance: the centred variance
-                found = centred_variance(b, c, ins[value])
-                if found is not None and (b.shape(found), b.dtype(found)) == (shape, dtype):
+                found = centred_variance(b, ins[value])
+                if found is not None and b.dtype(found) == dtype:
                     return found
-                if c is not None and float(c) == 0.0 and b.shape(ins[value]) == shape:
-                    if nonnegative(b, ins[value]):  # max(0, var): var
-                        return ins[value]
-                    return b.op("relu", (ins[value],), shape, dtype)  # max(x, 0)
+                if nonnegative(b, ins[value]):  # max(0, var): var
+                    return ins[value]
+                return b.op("relu", (ins[value],), shape, dtype)  # max(x, 0)
         if op in ("add", "sub", "mul") and len(ins) == 2:
             # x - zeros, x + zeros, x * ones (flax's RMSNorm subtracts a mean of zeros): x
             # itself. A scalar 0 or 1 stays (the search reads it as a scalar op; the paper's

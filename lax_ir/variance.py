@@ -21,12 +21,10 @@ WRAPPERS = ("reshape", "broadcast_in_dim")
 """Layout steps a mean may carry (`keepdims`) between its sum and the variance."""
 
 
-def centred_variance(b: Any, clamp_at: Any, value: int) -> int | None:
-    """The centred variance for `max(clamp_at, value)` where `clamp_at` is 0 and `value` is
-    `mean(x²) − mean(x)²` over the same axes of the same x (each mean a sum scaled by 1/n, with
-    its layout steps); None where it is not. `b` is the capture's builder."""
-    if clamp_at != 0:
-        return None
+def centred_variance(b: Any, value: int) -> int | None:
+    """The centred variance for `max(0, value)` where `value` is `mean(x²) − mean(x)²` over the
+    same axes of the same x (each mean a sum scaled by 1/n, with its layout steps); None where
+    it is not. `b` is the capture's builder."""
     n = b.nodes[value]
     if n.op != "sub":
         return None

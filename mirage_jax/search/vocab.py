@@ -103,7 +103,8 @@ def build_vocabulary(
     op covers (`fused_cover`) add nothing but that op: Gemma's gelu no longer brings `sub`,
     `layer_norm` and its constants, which multiplied the search's enumeration.
     """
-    reduce_dims, shift_dims = _reduced_dims(program, dims)
+    row_sums = not any(n.op == "matmul" for _, n in program.ops())
+    reduce_dims, shift_dims = _reduced_dims(program, dims, row_sums)
     facts = _facts(program, dims, scalars, combine, reduce_dims)
     skip = fused_cover(program, terms, facts) if terms is not None else frozenset()
     trimmed = (
@@ -129,7 +130,7 @@ def build_vocabulary(
         unary=tuple(unary),
         binary=tuple(binary),
         reduce_dims=frozenset(reduce_dims),
-        row_sums=not _has_matmul(program),
+        row_sums=row_sums,
         shift_dims=frozenset(shift_dims),
         shifts="reduce_max" in facts.features,
         accumulators=tuple(accs),
@@ -138,15 +139,10 @@ def build_vocabulary(
     )
 
 
-def _has_matmul(program: Any) -> bool:
-    return any(n.op == "matmul" for _, n in program.ops())
-
-
-def _reduced_dims(program: Any, dims: Any) -> tuple[set, set]:
+def _reduced_dims(program: Any, dims: Any, rowwise: bool) -> tuple[set, set]:
     """(dimensions summed over other than an operand's last axis, softmax shift dimensions);
-    in a region with no matmul, last-axis sums too (a softmax or a centring on its own: no
-    norm or attention op says it there)."""
-    rowwise = not _has_matmul(program)
+    with `rowwise` (a region with no matmul), last-axis sums too (a softmax or a centring on
+    its own: no norm or attention op says it there)."""
     reduce_dims, shift_dims = set(), set()
     for _, n in program.ops():
         if n.op in ("reduce_sum", "reduce_max"):
