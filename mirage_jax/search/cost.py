@@ -91,6 +91,24 @@ def _pad(n: int, at_least: int = 1) -> int:
     return max(at_least, 1 << max(0, (n - 1).bit_length()))
 
 
+STARVED = 8.0
+"""A µGraph estimated slower than this multiple of the region's memory floor
+(`memory_floor_s`) is starved: the driver then searches the region's pieces too
+(`cut_search.search_cuts`) and keeps the cheapest of all, and a starved one-kernel-per-output
+stitch gets its first cut as a rival. With `Budget.reread`, a region whose combining kernels
+can take an rms has its pieces searched also where its best µGraph has a kernel of one block:
+Gemma's norm + Q/K/V closed whole as a split whose combining kernel is one block, estimated 7.6
+times its floor at Llama-7B size (70.4 µs on the H200, b=1) and 3.8 times at d_model 1024
+(5.86 µs), so its pieces were not searched and the loop forms the cuts find (22.2 and 3.46 µs)
+were lost (2026-11-28)."""
+
+
+def memory_floor_s(program: Any, device: Device) -> float:
+    """A region's memory floor: its inputs read and its outputs written once, one launch."""
+    moved = sum(nbytes(s, d) for s, d in (*program.input_avals, *program.output_avals))
+    return device.launch_s + moved / device.bandwidth
+
+
 def nbytes(shape, dtype) -> int:
     """The bytes of an array of `shape` and `dtype`."""
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

@@ -109,7 +109,9 @@ def _search_cuts(search, program, budget, seed, target, device, deadline, worker
             # by plain GEMVs), stitched from the pieces' own kernels only: the two compete in
             # `select` where the region is large enough to pay the cut's search
             # (`RIVAL_CUT_MIN_BYTES`).
-            per_output = _input_bytes(program) >= RIVAL_CUT_MIN_BYTES
+            per_output = _input_bytes(program) >= RIVAL_CUT_MIN_BYTES or _starved(
+                min(c for c, _, _ in found), program, device
+            )
             if not per_output:
                 break
     return found, stats
@@ -122,6 +124,14 @@ kernel, about 1.5 µs) is small beside the GEMVs, and its search (4-5 s a region
 buys something. On the H200 (2026-11-29, `never_slower_h200_2026-11-29_s34*`) equinox's 7B
 norm + gate/up ran 49.3-49.7 µs cut against 51.0-52.8 without, its norm + Q/K/V 16.4-16.5
 against 17.1-17.2; the realistic blocks' regions (3-12 MB) are below it."""
+
+
+def _starved(seconds: float, program: Program, device) -> bool:
+    """Is a stitch estimated at `seconds` starved (`cost.STARVED` times the region's memory
+    floor)? One kernel per output that recomputes a prefill's norm in every block, with K whole
+    in its tiles (equinox's LayerNorm + Q/K/V over 256 rows: 94.9 µs estimated, 50.5 on the
+    H200, XLA 19.0), is; the cut that materialises the norm once lets the GEMMs loop over K."""
+    return seconds > cost_model.STARVED * cost_model.memory_floor_s(program, device)
 
 
 def _input_bytes(program: Program) -> int:

@@ -39,8 +39,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.mugraph.validate import KernelLimitError
@@ -262,12 +260,12 @@ def _search(
     # kernel cuts: when no µGraph of graph-defined kernels only was found, or the best is far
     # from the region's memory floor (outputs on dims no one grid axis splits: one block),
     # search the pieces
-    floor_s = _floor_s(program, device)
+    floor_s = cost_model.memory_floor_s(program, device)
     stats["best_over_floor"] = None if best_one is None else round(best_one / floor_s, 2)
     stats["best_blocks"] = list(best_blocks)
     # with `Budget.reread` a norm + projection may close whole as a split whose combining
-    # kernel takes the rms in one block; its pieces are searched too (`STARVED`)
-    starved = best_one is None or best_one > STARVED * floor_s
+    # kernel takes the rms in one block; its pieces are searched too (`cost.STARVED`)
+    starved = best_one is None or best_one > cost_model.STARVED * floor_s
     starved = starved or (budget.reread and 1 in best_blocks and takes_rms(problem))
     if starved and budget.cuts and budget.max_kernels >= 2:
         t0 = time.perf_counter()
@@ -430,25 +428,6 @@ class _Run:
                 self.stop_reason = "candidates"
                 break
             self.stats["depth"] = max(self.stats.get("depth", 0), depth)
-
-
-STARVED = 8.0
-"""A µGraph estimated slower than this multiple of the region's memory floor has the pieces
-searched too (`cut_search.search_cuts`), and the cheapest of all is kept. With
-`Budget.reread`, a region whose combining kernels can take an rms has them searched also where
-its best µGraph has a kernel of one block: Gemma's norm + Q/K/V closed whole as a split whose
-combining kernel is one block, estimated 7.6 times its floor at Llama-7B size (70.4 µs on the
-H200, b=1) and 3.8 times at d_model 1024 (5.86 µs), so its pieces were not searched and the
-loop forms the cuts find (22.2 and 3.46 µs) were lost (2026-11-28)."""
-
-
-def _floor_s(program: Program, device: cost_model.Device) -> float:
-    """The region's memory floor: its inputs read and outputs written once, one launch."""
-    nbytes = sum(
-        math.prod(shape) * np.dtype(dtype).itemsize
-        for shape, dtype in (*program.input_avals, *program.output_avals)
-    )
-    return device.launch_s + nbytes / device.bandwidth
 
 
 def _merge(into: Counters, c: Counters) -> None:
