@@ -497,7 +497,7 @@ def hoist_layouts(program: Program) -> Program:
         rules = (
             _collapse_rule, T.compose_rule, T.raise_transpose_rule, T.operand_rule, T.column_rule, _unit_rule, _sink_rule,
             _sink_regroup_rule, T.unit_transpose_rule, _input_rule,
-            _output_rule, _scale_rule, _shift_rule, _broadcast_rule, T.transposed_operand_rule, T.lift_rule,
+            _output_rule, _scale_rule, _shift_rule, _broadcast_rule, T.transposed_operand_rule, T.product_rule, T.lift_rule,
             T.sink_transpose_rule, _grouped_broadcast_rule, _rank_rule, flatten_rows_rule,
             transposed_rows_rule, _scalar_operand_rule, _reduce_all_rule,
         )  # fmt: skip

@@ -62,6 +62,25 @@ def restructures(program: Program, i: int) -> bool:
     return False
 
 
+def lays_out_product(program: Program, i: int, inside: set[int]) -> bool:
+    """Is transpose i the row order of `W @ xᵀ` (equinox's `weight @ x` vmapped over a
+    sequence: a dot_general whose result XLA transposes back)? The region keeps it: its layout
+    rules make the product `x Wᵀ` and the two swaps cancel (`transpose_layouts`), where XLA
+    would otherwise copy the product out and back, and cut the GEMM from its epilogue."""
+    n = program.nodes[i]
+    if n.op != "transpose":
+        return False
+    m = n.args[0]
+    while m in inside and program.nodes[m].op == "reshape" and not restructures(program, m):
+        m = program.nodes[m].args[0]
+    if m not in inside or program.nodes[m].op != "matmul":
+        return False
+    w, x = program.nodes[m].args
+    while x in inside and program.nodes[x].op == "reshape" and not restructures(program, x):
+        x = program.nodes[x].args[0]
+    return w not in inside and x in inside and program.nodes[x].op == "transpose"
+
+
 def constant_like(program: Program) -> set[int]:
     """Nodes computed from constants by layout ops and converts (copied into every reader)."""
     out: set[int] = set()
@@ -107,7 +126,10 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
     out: dict[int, str] = {
         i: _RESTRUCTURES.format(op=nodes[i].op)
         for i in group
-        if nodes[i].op in LAYOUT and restructures(program, i) and placed(i, *nodes[i].args)
+        if nodes[i].op in LAYOUT
+        and restructures(program, i)
+        and placed(i, *nodes[i].args)
+        and not lays_out_product(program, i, inside)
     }
     out.update(  # the µGraph has no concatenation: rotary's rotate-half joins its halves in XLA
         (i, _CONCAT) for i in group if nodes[i].op == "concatenate" and placed(i, *nodes[i].args)

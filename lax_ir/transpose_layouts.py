@@ -149,6 +149,40 @@ def transposed_operand_rule(g: LayoutGraph) -> bool:
     return False
 
 
+def product_rule(g: LayoutGraph) -> bool:
+    """The swap of `a @ b` (seen through reshapes that insert unit axes), both inputs, read
+    only by the swap, is `bᵀ aᵀ` with both swaps interface steps: equinox's `weight @ x`
+    vmapped over a sequence or a batch whose activation enters the region laid out for it
+    (`W xᵀ`, swapped back to rows) reads x as stored and Wᵀ as a view, and the product comes
+    out in the order its readers want."""
+    for j in g.live():
+        n = g.nodes[j]
+        if n.op != "transpose":
+            continue
+        m = n.args[0]
+        while g.nodes[m].op == "reshape" and len(g.users(m)) == 1:
+            if unit_positions(g.nodes[g.nodes[m].args[0]].shape, g.nodes[m].shape) is None:
+                break
+            m = g.nodes[m].args[0]
+        mn = g.nodes[m]
+        if mn.op != "matmul" or len(mn.shape) != 2 or 1 in mn.shape or len(g.users(m)) != 1:
+            continue
+        a, b = mn.args
+        src = g.nodes[n.args[0]].shape
+        order = [p for p in n.param("permutation") if src[p] > 1]
+        if order != sorted(order, reverse=True) or a not in g.inputs or b not in g.inputs:
+            continue
+        swap = ("transpose", swap_perm(2))
+        bt = g.new_input(swap_like(g.nodes[b]), b, swap)
+        at = g.new_input(swap_like(g.nodes[a]), a, swap)
+        prod = g.add(Node("matmul", (bt, at), swapped(mn.shape), n.dtype, mn.params))
+        if tuple(n.shape) != swapped(mn.shape):
+            prod = g.add(Node("reshape", (prod,), n.shape, n.dtype, make_params()))
+        g.replace(j, prod)
+        return True
+    return False
+
+
 def lift_rule(g: LayoutGraph) -> bool:
     """A reshape that only inserts unit axes into a transpose of a computed value is a
     transpose of that value with leading units: the transpose moves towards the outputs."""
