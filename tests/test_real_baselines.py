@@ -52,7 +52,10 @@ def test_default_regions_match_the_hashes_recorded_before_the_switch():
     and when a dot_general's contracted pairs came in the larger operand's memory order
     (gemma_decode's output projection, whose einsum lists (H, N): `lax_ir.capture`), and
     2026-11-29 when `x - zeros`, `x + zeros` and `x * ones` became x in the capture (flax's
-    RMSNorm subtracts a mean of zeros: llama_decode_nnx's norm and rotary regions)."""
+    RMSNorm subtracts a mean of zeros: llama_decode_nnx's norm and rotary regions), and when
+    equinox's vmapped `weight @ x` kept its swap back in the region and became `x Wᵀ`
+    (llama_decode_eqx b=8: the residual add joins the output projection, by rows:
+    `lax_ir.pieces.lays_out_product`, `lax_ir.transpose_layouts.product_rule`)."""
     import lax_ir
 
     want = json.loads((Path(__file__).parent / "model_region_hashes.json").read_text())
