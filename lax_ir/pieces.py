@@ -172,7 +172,7 @@ def demotions(program: Program, group: Sequence[int]) -> dict[int, str]:
     return out
 
 
-def _reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
+def reaches_exp(program: Program, m: int, kept: set[int]) -> bool:
     """Is an `exp` reachable from matmul m through kept non-matmul nodes (m is a QKᵀ)?"""
     stack, seen = [m], {m}
     while stack:
@@ -235,7 +235,7 @@ def gemm_cuts(program: Program, kept: Iterable[int]) -> set[int]:
     siblings: dict[int, list[int]] = {}
     cuts: set[int] = set()
     for m in matmuls:
-        if not _reaches_exp(program, m, kept):
+        if not reaches_exp(program, m, kept):
             siblings.setdefault(_activation(program, m), []).append(m)
             continue
         for a in nodes[m].args:  # QKᵀ reads Q and K as computed (rotary embeddings: XLA)

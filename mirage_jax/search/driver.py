@@ -175,7 +175,7 @@ def _search(
             if dead_ends:  # no one-piece µGraph can express them: the pieces get the time
                 run.stats["one_piece_skipped"] = dead_ends
             else:
-                run.deepen(tasks, budget.max_block_ops, deadline, pool)
+                run.deepen(tasks, budget.max_block_ops, deadline, pool, beyond(program))
             n_main = len(run.accepted)
             # pre-defined kernels (GEMMs left to XLA), then graph-defined kernel(s) for the rest
             if budget.max_predefined > 0 and budget.max_kernels >= 2:
@@ -354,8 +354,10 @@ class _Run:
         self.saturation: dict = {}
         self.bar = None
 
-    def deepen(self, tasks, max_depth: int, deadline: float, pool) -> None:
-        """Iterative deepening over `tasks`, depth-major; the depth policy is per task group."""
+    def deepen(self, tasks, max_depth: int, deadline: float, pool, past: int = 0) -> None:
+        """Iterative deepening over `tasks`, depth-major; the depth policy is per task group.
+        Up to `past` levels beyond `max_depth` are searched by the groups that found nothing
+        (`beyond`)."""
         budget = self.budget
         found_at: dict[int, int] = {}
         best: dict[int, int] = {}  # group -> smallest kernel depth found
@@ -366,11 +368,12 @@ class _Run:
         def extra(g: int) -> int:  # deeper while only loop-free GEMM kernels are known
             return budget.extra_depth if g in streamed else budget.loop_extra_depth
 
-        for depth in range(2, max_depth + 1):
+        for depth in range(2, max_depth + past + 1):
             alive = [
                 t for t in tasks
                 if (t.group not in best or depth <= best[t.group] + extra(t.group))
                 and (t.cls not in found_at or depth <= found_at[t.cls] + extra(t.group))
+                and (depth <= max_depth or t.group not in best)
             ]  # fmt: skip
             if not alive:
                 break
@@ -428,6 +431,24 @@ class _Run:
                 self.stop_reason = "candidates"
                 break
             self.stats["depth"] = max(self.stats.get("depth", 0), depth)
+
+
+ATTENTION_OPS = 8
+"""The compute ops of a plain attention (QKᵀ, the mask's add, the shift's max and sub, exp,
+the sum, the division, PV): its online-softmax kernel fits `Budget.max_block_ops`."""
+
+
+def beyond(program: Program) -> int:
+    """Levels past `Budget.max_block_ops` that an attention region with more score ops than a
+    plain one is searched to, while nothing is found: the attention core is never cut, so its
+    one-piece kernel is the only form. Gemma-2's soft cap (`50·tanh(s/50)`, then the mask) needs
+    12 block ops, ALiBi's two biases 11."""
+    from lax_ir.pieces import reaches_exp
+
+    ops = [i for i, n in program.ops() if n.op not in ("reshape", "broadcast_in_dim", "convert")]
+    kept = set(ops)
+    attention = any(program.nodes[i].op == "matmul" and reaches_exp(program, i, kept) for i in ops)
+    return min(2, max(0, len(ops) - ATTENTION_OPS)) if attention else 0
 
 
 def _merge(into: Counters, c: Counters) -> None:
