@@ -171,6 +171,25 @@ def sdpa_prefill():
     return f, (mk(), mk(), mk())
 
 
+def softcap_attention(batch=2, tokens=16, heads=4, head_dim=32, cap=50.0):
+    """Gemma-2's attention: the scores soft-capped, `cap·tanh(s/cap)`, then the causal mask and
+    the softmax; bf16."""
+
+    def f(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * head_dim**-0.5
+        s = jnp.tanh(s / cap) * cap
+        s = jnp.where(jnp.tril(jnp.ones((tokens, tokens), bool)), s, -jnp.inf)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1).astype(v.dtype), v)
+
+    rng = np.random.default_rng(8)
+
+    def mk():
+        x = rng.standard_normal((batch, tokens, heads, head_dim)) * 2.0
+        return jnp.asarray(x, jnp.bfloat16)
+
+    return f, (mk(), mk(), mk())
+
+
 def scanned_stack(layers=4, D=1024, F=2816, dtype=jnp.float16):
     """Llama-style MLP layers (RMSNorm, SwiGLU, residual) stacked and run by `jax.lax.scan`."""
 
@@ -261,7 +280,17 @@ def main(argv=None):
     p.add_argument(
         "models",
         nargs="*",
-        default=["qwen", "linen", "linen_rms", "relu_ffn", "sdpa", "scan", "fused", "train"],
+        default=[
+            "qwen",
+            "linen",
+            "linen_rms",
+            "relu_ffn",
+            "sdpa",
+            "scan",
+            "fused",
+            "train",
+            "softcap",
+        ],
     )
     p.add_argument("--backend", default=None, help="mirage_jax.jit's backend (default: its own)")
     args = p.parse_args(argv)
@@ -284,6 +313,7 @@ def main(argv=None):
         ("linen_rms", linen_rms_block),
         ("relu_ffn", relu_ffn),
         ("train", train_step),
+        ("softcap", softcap_attention),
     ):
         if name in args.models:
             fn, xs = make()

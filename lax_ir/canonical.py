@@ -121,6 +121,28 @@ def _constant_division(program: Program, n: Node) -> bool:
     return x.op != "reduce_sum"
 
 
+def _scalar(n: Node) -> np.ndarray | None:
+    """The value of a scalar constant node (shape ()), else None."""
+    return np.asarray(n.param("value").array) if n.op == "constant" and not n.shape else None
+
+
+def _scale_of_scale(new: list[Node], a: int, b: int, add) -> Node | None:
+    """`(x · c1) · c2` with scalar constants c1, c2 as `x · (c1 c2)`, the product rounded once
+    (`add` makes its constant): a score scaled by 1/√d then by a soft cap's 1/c (Gemma-2),
+    which a convert before the first keeps from moving onto Q. None where it is not that."""
+    for inner, outer in ((a, b), (b, a)):
+        c2, m = _scalar(new[outer]), new[inner]
+        if c2 is None or m.op != "mul":
+            continue
+        for x, c in (m.args, m.args[::-1]):
+            c1 = _scalar(new[c])
+            if c1 is not None and c1.dtype == c2.dtype and new[x].shape == m.shape:
+                value = np.asarray(c1.astype(np.float64) * c2.astype(np.float64), c1.dtype)
+                k = add(Node("constant", (), (), new[c].dtype, make_params(value=Const(value))))
+                return Node("mul", (x, k), m.shape, m.dtype, make_params())
+    return None
+
+
 def _rewrite(program: Program, last: int) -> Program:
     old = program.nodes
     new: list[Node] = []
@@ -192,7 +214,12 @@ def _rewrite(program: Program, last: int) -> Program:
                 arr = np.asarray(c.param("value").array)
                 recip = (1.0 / arr.astype(np.float64)).astype(arr.dtype)
                 r = add(Node("constant", (), c.shape, c.dtype, make_params(value=Const(recip))))
-                value[i] = add(Node("mul", (args[0], r), shape, n.dtype, make_params()))
+                value[i] = add(
+                    _scale_of_scale(new, args[0], r, add)
+                    or Node("mul", (args[0], r), shape, n.dtype, make_params())
+                )
+            elif n.op == "mul" and (folded := _scale_of_scale(new, *args, add)) is not None:
+                value[i] = add(folded)
             else:
                 value[i] = add(Node(n.op, args, shape, n.dtype, n.params))
         elif n.op in ("reduce_sum", "reduce_max"):

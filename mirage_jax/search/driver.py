@@ -445,8 +445,8 @@ def beyond(program: Program) -> int:
     12 block ops, ALiBi's two biases 11."""
     from lax_ir.pieces import reaches_exp
 
-    ops = [i for i, n in program.ops() if n.op not in ("reshape", "broadcast_in_dim", "convert")]
-    kept = set(ops)
+    kept = {i for i, _ in program.ops()}
+    ops = [i for i in kept if program.nodes[i].op not in ("reshape", "broadcast_in_dim", "convert")]
     attention = any(program.nodes[i].op == "matmul" and reaches_exp(program, i, kept) for i in ops)
     return min(2, max(0, len(ops) - ATTENTION_OPS)) if attention else 0
 
