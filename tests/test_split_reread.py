@@ -115,7 +115,7 @@ def test_a_one_block_best_has_the_pieces_searched_too():
     floor (Gemma's norm + Q/K/V: without the pieces the loop forms were lost, 70 µs against
     22 µs at Llama-7B size on the H200); without `reread` the rule does not apply."""
     from experiments import models as M
-    from mirage_jax.search import driver
+    from mirage_jax.search import cost
 
     m = M.get("gemma_decode", batch=1, size="tiny")
     part = lax_ir.partition(lax_ir.capture(m.fn, *m.abstract_args()))
@@ -126,7 +126,7 @@ def test_a_one_block_best_has_the_pieces_searched_too():
             continue
         res = search(r.program, budget=Budget(time_s=60, reread=True), seed=0, workers=1)
         st = res.stats
-        if 1 in st["best_blocks"] and (st["best_over_floor"] or 0) <= driver.STARVED:
+        if 1 in st["best_blocks"] and (st["best_over_floor"] or 0) <= cost.STARVED:
             found.append(r.index)
             assert "cuts" in st, f"region {r.index}: pieces not searched ({st['best_blocks']})"
             assert res.mugraphs
