@@ -39,6 +39,21 @@ def _region():
     return region.program
 
 
+def _lowers_to_the_region(g, program):
+    """`g` lowered on both interpreters computes the region's outputs (2e-2, float16)."""
+    import lax_ir
+    from mirage_jax.select import random_inputs
+
+    xs = random_inputs(program, 0)
+    want = lax_ir.evaluate_reference(program, *xs)
+    for backend in interpret_backends():
+        got = lower(g, backend=backend, interpret=True)(*xs)
+        for o, w in zip(got, want):
+            w = np.asarray(w, np.float64)
+            err = np.max(np.abs(np.asarray(o, np.float64) - w)) / np.max(np.abs(w))
+            assert err < 2e-2, (backend, err)
+
+
 def test_the_cut_is_the_narrowing_convert():
     from mirage_jax.search.cuts import cut_candidates
 
@@ -59,9 +74,7 @@ def test_a_small_region_does_not_pay_for_the_rival_cut():
 
 
 def test_the_reread_search_offers_the_cut_beside_one_kernel_per_output(monkeypatch):
-    import lax_ir
     from mirage_jax.search import Budget, cut_search, search
-    from mirage_jax.select import random_inputs
 
     program = _region()
     monkeypatch.setattr(cut_search, "RIVAL_CUT_MIN_BYTES", 0)  # as a 7B layer's regions
@@ -76,14 +89,7 @@ def test_the_reread_search_offers_the_cut_beside_one_kernel_per_output(monkeypat
     assert g.meta["verified"] == "full"
     assert [len(lv) for lv in g.dependency_levels()] == [1, 2]  # the norm, then both GEMVs
     assert all(op.block_graph is not None for op in g.ops if op.op != "input")
-    xs = random_inputs(program, 0)
-    want = lax_ir.evaluate_reference(program, *xs)
-    for backend in interpret_backends():
-        got = lower(g, backend=backend, interpret=True)(*xs)
-        for o, w in zip(got, want):
-            w = np.asarray(w, np.float64)
-            err = np.max(np.abs(np.asarray(o, np.float64) - w)) / np.max(np.abs(w))
-            assert err < 2e-2, (backend, err)
+    _lowers_to_the_region(g, program)
 
 
 def test_the_cut_pieces_are_searched_with_the_region_search_workers(monkeypatch):
@@ -131,7 +137,6 @@ def test_a_starved_prefill_stitch_gets_the_rival_cut():
 
     import lax_ir
     from mirage_jax.search import Budget, cut_search, search
-    from mirage_jax.select import random_inputs
 
     S = jax.ShapeDtypeStruct
     rows, d = 256, 1024
@@ -145,11 +150,4 @@ def test_a_starved_prefill_stitch_gets_the_rival_cut():
     assert "own kernels" in best.meta["structure"] and best.meta["cuts"], best.meta
     per_output = [g for g in res.mugraphs if not g.meta.get("cuts")]
     assert per_output and all(g.meta["cost"]["us"] > best.meta["cost"]["us"] for g in per_output)
-    xs = random_inputs(program, 0)
-    want = lax_ir.evaluate_reference(program, *xs)
-    for backend in interpret_backends():
-        got = lower(best, backend=backend, interpret=True)(*xs)
-        for o, w in zip(got, want):
-            w = np.asarray(w, np.float64)
-            err = np.max(np.abs(np.asarray(o, np.float64) - w)) / np.max(np.abs(w))
-            assert err < 2e-2, (backend, err)
+    _lowers_to_the_region(best, program)
