@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lax_ir.pieces import reaches_exp
 from lax_ir.program import Program
 from mirage_jax.mugraph import TARGETS, MuGraph, MuGraphError, Target, block_info, validate
 from mirage_jax.mugraph.validate import KernelLimitError
@@ -442,9 +443,7 @@ def beyond(program: Program) -> int:
     """Levels past `Budget.max_block_ops` that an attention region with more score ops than a
     plain one is searched to, while nothing is found: the attention core is never cut, so its
     one-piece kernel is the only form. Gemma-2's soft cap (`50·tanh(s/50)`, then the mask) needs
-    12 block ops, ALiBi's two biases 11."""
-    from lax_ir.pieces import reaches_exp
-
+    12 block ops."""
     kept = {i for i, _ in program.ops()}
     ops = [i for i in kept if program.nodes[i].op not in ("reshape", "broadcast_in_dim", "convert")]
     attention = any(program.nodes[i].op == "matmul" and reaches_exp(program, i, kept) for i in ops)
