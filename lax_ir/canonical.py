@@ -85,9 +85,10 @@ def squeeze_leading(program: Program) -> Program:
             return _rewrite(program, last)
         except _Unsupported:
             continue
-    if any(_constant_division(program, n) for _, n in program.ops()):
+    if any(_constant_division(program, n) or _scales_a_scale(program, n) for _, n in program.ops()):
         try:  # no axis to drop, but a division by a constant, which the search spells as a
-            # product (its vocabulary scales by constants: 1/sqrt(d) on attention scores)
+            # product (its vocabulary scales by constants: 1/sqrt(d) on attention scores),
+            # or a scale of a scale (`_scale_of_scale`)
             return _rewrite(program, 2)
         except _Unsupported:
             pass
@@ -119,6 +120,17 @@ def _constant_division(program: Program, n: Node) -> bool:
     while x.op in ("reshape", "convert", "broadcast_in_dim"):
         x = program.nodes[x.args[0]]
     return x.op != "reduce_sum"
+
+
+def _scales_a_scale(program: Program, n: Node) -> bool:
+    """Is n a product or quotient by a scalar constant of a product by one (`_scale_of_scale`)?"""
+    if n.op not in ("mul", "div") or len(n.args) != 2:
+        return False
+    nodes = program.nodes
+    scaled = [a for a in n.args if _scalar(nodes[a]) is None]
+    if len(scaled) != 1 or nodes[scaled[0]].op != "mul":
+        return False
+    return any(_scalar(nodes[a]) is not None for a in nodes[scaled[0]].args)
 
 
 def _scalar(n: Node) -> np.ndarray | None:

@@ -60,3 +60,22 @@ def test_a_soft_capped_masked_attention_has_a_kernel():
         w = np.asarray(want[0], np.float64)
         err = np.max(np.abs(np.asarray(got, np.float64) - w)) / np.max(np.abs(w))
         assert err < 1e-4, (backend, err)
+
+
+def test_a_scale_of_a_scale_is_one_scale():
+    """1/√d and then a soft cap's 1/c on float32 scores of bfloat16 operands (the convert keeps
+    either from moving onto Q): the canonical form multiplies once, by the product rounded once
+    (`canonical._scale_of_scale`)."""
+    from lax_ir.canonical import squeeze_leading
+
+    def fn(x, w):
+        s = (x @ w).astype(jnp.float32)
+        return jnp.tanh(s * np.float32(0.125) * np.float32(0.02))
+
+    spec = jax.ShapeDtypeStruct
+    program = lax_ir.capture(fn, spec((8, 16), jnp.bfloat16), spec((16, 8), jnp.bfloat16))
+    assert program.op_counts()["mul"] == 2
+    squeezed = squeeze_leading(program)
+    assert squeezed.op_counts()["mul"] == 1, squeezed
+    (scale,) = [n for n in squeezed.nodes if n.op == "constant"]
+    assert float(np.asarray(scale.param("value").array)) == float(np.float32(0.125 * 0.02))
