@@ -130,8 +130,9 @@ def _erf(x: jax.Array) -> jax.Array:
 
 
 def dtype_const(ctx: OpCtx, value: float) -> np.float32:
-    """A constant of the op as its meaning has it: rounded to the tensor's dtype, used in fp32."""
-    return np.float32(np.asarray(value, dtype=ctx.dtype))
+    """A constant of the op as its meaning has it: rounded to the tensor's dtype (or the op's
+    `cdtype`), used in fp32."""
+    return np.float32(np.asarray(value, dtype=ctx.params.get("cdtype", ctx.dtype)))
 
 
 # ---------------------------------------------------------------------------- block-op rules

@@ -127,8 +127,9 @@ def rounded(dtype: str, value: float) -> float:
 
 
 def dtype_const(c: OpCtx, value: float) -> str:
-    """A constant of the op as its meaning has it: rounded to the tensor's dtype, used in fp32."""
-    return repr(rounded(c.dtype, value))
+    """A constant of the op as its meaning has it: rounded to the tensor's dtype (or the op's
+    `cdtype`), used in fp32."""
+    return repr(rounded(c.params.get("cdtype", c.dtype), value))
 
 
 registry.add(BACKEND, "square", _sq)
@@ -169,7 +170,7 @@ def _scaled(c: OpCtx, t: int) -> tuple[str, float]:
     positive constant is looked through (its own value is then left to dead-code removal)."""
     op = c.producer(t)
     if op is not None and op.op == "mul_scalar":
-        k = rounded(c.plan.dtype(t), op.param("scalar"))
+        k = rounded(op.param("cdtype") or c.plan.dtype(t), op.param("scalar"))
         if k > 0:
             return c.value(op.args[0]), k
     return c.value(t), 1.0

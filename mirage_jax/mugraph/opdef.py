@@ -74,6 +74,9 @@ class Facts:
     Arguments:
         features: the region's Lax op names, plus "square" where it multiplies a value by itself.
         mul_scalars, add_scalars: scalar constants it multiplies or adds by.
+        wide_scalars: the mul scalars it holds in float32 that its 16-bit floats cannot hold
+            (a user's `np.sqrt(d)` promotes bfloat16 scores): their `mul_scalar` keeps them in
+            float32 (`cdtype`), not rounded to the tile's dtype.
         inv_sizes: dimensions whose 1/n a mean over a non-last axis multiplies by.
         eps: the epsilons a norm may add under its square root (None: none).
         square_dtypes: the 16-bit float dtypes the region squares values in without upcasting
@@ -84,6 +87,7 @@ class Facts:
     features: frozenset[str]
     mul_scalars: tuple[float, ...] = ()
     add_scalars: tuple[float, ...] = ()
+    wide_scalars: tuple[float, ...] = ()
     inv_sizes: tuple[int, ...] = ()
     eps: tuple[float | None, ...] = (None,)
     square_dtypes: tuple[str | None, ...] = (None,)

@@ -161,6 +161,8 @@ def _mul_scalar(ctx: Ctx, x: Any) -> Any:
     s = ctx.params["scalar"]
     if isinstance(s, tuple):  # ("inv_size", k): a mean's 1/n before sizes are fixed (search terms)
         return ctx.alg.div(x, ctx.alg.count(s[1]))
+    if "cdtype" in ctx.params:  # a float32 constant of the program on a 16-bit tile
+        return ctx.alg.mul(x, _to_acc(ctx, ctx.const(s, ctx.params["cdtype"])))
     return ctx.alg.mul(x, const32(ctx, s))
 
 
@@ -367,7 +369,8 @@ def _accum_rescale(reduce_last: bool):
 
 # ---------------------------------------------------------------------------- vocabulary offers
 def _mul_scalars(f: Facts) -> list[tuple]:
-    return [(("scalar", s),) for s in f.mul_scalars] + [
+    wide = (("cdtype", "float32"),)
+    return [(("scalar", s), *(wide if s in f.wide_scalars else ())) for s in f.mul_scalars] + [
         (("scalar", ("inv_size", k)),) for k in f.inv_sizes
     ]
 
@@ -490,7 +493,9 @@ _TABLE = [
         search=S(_gelu_tanh_offer, scale_result=False, sfu=2, fused=True),
     ),
     OpDef(
-        "mul_scalar", 1, _KB, _EW, _same, elementwise(_mul_scalar), "x·scalar", ("scalar",),
+        "mul_scalar", 1, _KB, _EW, _same, elementwise(_mul_scalar),
+        "x·scalar (the scalar rounded to the tile's dtype, or to the optional param cdtype)",
+        ("scalar",),
         search=S(_mul_scalars, scale_result=False),
     ),
     OpDef(

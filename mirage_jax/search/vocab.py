@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mirage_jax.mugraph.opdef import Facts
 from mirage_jax.mugraph.ops import NARROW_FLOATS as NARROW
 from mirage_jax.mugraph.ops import OPS
@@ -185,9 +187,13 @@ def _facts(
     inv_sizes = tuple(
         k for k in sorted(reduce_dims & counted) if dims.sizes[k] & (dims.sizes[k] - 1) == 0
     )
+    narrow = {n.dtype for _, n in ops if n.dtype in NARROW}
     return Facts(
         features=frozenset(features),
         mul_scalars=tuple(scalars["mul"]),
+        wide_scalars=tuple(
+            x for x in scalars["mul"] if any(float(np.asarray(x, dtype=d)) != x for d in narrow)
+        ),
         add_scalars=tuple(scalars["add"]),
         inv_sizes=inv_sizes,
         eps=(None, *(s for s in scalars["add"] if 0 < s < 1e-2)),
