@@ -67,18 +67,21 @@ def lays_out_product(program: Program, i: int, inside: set[int]) -> bool:
     sequence: a dot_general whose result XLA transposes back)? The region keeps it: its layout
     rules make the product `x Wᵀ` and the two swaps cancel (`transpose_layouts`), where XLA
     would otherwise copy the product out and back, and cut the GEMM from its epilogue."""
-    n = program.nodes[i]
-    if n.op != "transpose":
+    nodes = program.nodes
+
+    def unreshaped(v: int) -> int:  # v seen through the region's bitcast reshapes
+        while v in inside and nodes[v].op == "reshape" and not restructures(program, v):
+            v = nodes[v].args[0]
+        return v
+
+    if nodes[i].op != "transpose":
         return False
-    m = n.args[0]
-    while m in inside and program.nodes[m].op == "reshape" and not restructures(program, m):
-        m = program.nodes[m].args[0]
-    if m not in inside or program.nodes[m].op != "matmul":
+    m = unreshaped(nodes[i].args[0])
+    if m not in inside or nodes[m].op != "matmul":
         return False
-    w, x = program.nodes[m].args
-    while x in inside and program.nodes[x].op == "reshape" and not restructures(program, x):
-        x = program.nodes[x].args[0]
-    return w not in inside and x in inside and program.nodes[x].op == "transpose"
+    w, x = nodes[m].args
+    x = unreshaped(x)
+    return w not in inside and x in inside and nodes[x].op == "transpose"
 
 
 def constant_like(program: Program) -> set[int]:

@@ -77,8 +77,10 @@ def _from_acc(ctx: Ctx, x: Any) -> Any:
 
 
 def const32(ctx: Ctx, value: float) -> Any:
-    """A constant of the op: rounded to the tensor's dtype, then used in fp32."""
-    return _to_acc(ctx, ctx.const(value))
+    """A constant of the op: rounded to the tensor's dtype (or the op's `cdtype`: a float32
+    constant of the program on a 16-bit tile), then used in fp32, as the backends'
+    `dtype_const` has it."""
+    return _to_acc(ctx, ctx.const(value, ctx.params.get("cdtype")))
 
 
 def elementwise(fn: Callable[..., Any]) -> Callable[[Ctx, list[Any]], Any]:
@@ -161,8 +163,6 @@ def _mul_scalar(ctx: Ctx, x: Any) -> Any:
     s = ctx.params["scalar"]
     if isinstance(s, tuple):  # ("inv_size", k): a mean's 1/n before sizes are fixed (search terms)
         return ctx.alg.div(x, ctx.alg.count(s[1]))
-    if "cdtype" in ctx.params:  # a float32 constant of the program on a 16-bit tile
-        return ctx.alg.mul(x, _to_acc(ctx, ctx.const(s, ctx.params["cdtype"])))
     return ctx.alg.mul(x, const32(ctx, s))
 
 
