@@ -277,7 +277,11 @@ class BlockEnumerator(BlockRules):
                 for d, lab in enumerate(t.labels):
                     if lab is None or is_stack(lab) or t.tile[d] <= 1:
                         continue
-                    if (d != last or v.row_sums) and lab in v.reduce_dims and ok("red", ct, lab):
+                    if (
+                        (d != last or lab in v.row_sum_dims)
+                        and lab in v.reduce_dims
+                        and ok("red", ct, lab)
+                    ):
                         push("reduce_sum", (top,), (("dim", d),))
                     if lab in v.shift_dims and ok("shift", ct, lab):
                         push("reduce_max", (top,), (("dim", d),))

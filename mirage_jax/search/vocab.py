@@ -25,7 +25,7 @@ class Vocabulary:
     unary: tuple[tuple[str, tuple], ...]
     binary: tuple[str, ...]
     reduce_dims: frozenset  # dimensions a block reduce_sum may sum
-    row_sums: bool  # ... along a tile's last axis too (a region with no matmul)
+    row_sum_dims: frozenset  # ... of them, those it may sum along a tile's last axis too
     shift_dims: frozenset  # dimensions a softmax shift (reduce_max) is taken over
     shifts: bool
     accumulators: tuple[tuple[str, tuple], ...]
@@ -99,14 +99,14 @@ def build_vocabulary(
     scalar constants, the epsilons its norms may add, the 1/n of its means over non-last axes)
     are offered to every record (`SearchProps.offer`). A block `reduce_sum` is offered only
     over dimensions the program sums over other than the last axis of its operand (a last-axis
-    sum is an `accum_*_last`, or inside `rms_norm`), the last axis too in a region with no
-    matmul (a softmax or a centring on its own, which no fused op says), and `reduce_max` only over the dimensions
-    the program's softmax shifts are taken over. With the program's `terms`, the nodes a fused
+    sum is an `accum_*_last`, or inside `rms_norm`), along the last axis too over dimensions no
+    matmul of the region contracts (a softmax or a centring on its own or after a matmul, as an
+    LM head's: no fused op says those), and `reduce_max` only over the dimensions the
+    program's softmax shifts are taken over. With the program's `terms`, the nodes a fused
     op covers (`fused_cover`) add nothing but that op: Gemma's gelu no longer brings `sub`,
     `layer_norm` and its constants, which multiplied the search's enumeration.
     """
-    row_sums = not any(n.op == "matmul" for _, n in program.ops())
-    reduce_dims, shift_dims = _reduced_dims(program, dims, row_sums)
+    reduce_dims, row_sum_dims, shift_dims = _reduced_dims(program, dims)
     facts = _facts(program, dims, scalars, combine, reduce_dims)
     skip = fused_cover(program, terms, facts) if terms is not None else frozenset()
     trimmed = (
@@ -132,7 +132,7 @@ def build_vocabulary(
         unary=tuple(unary),
         binary=tuple(binary),
         reduce_dims=frozenset(reduce_dims),
-        row_sums=row_sums,
+        row_sum_dims=frozenset(row_sum_dims),
         shift_dims=frozenset(shift_dims),
         shifts="reduce_max" in facts.features,
         accumulators=tuple(accs),
@@ -141,11 +141,15 @@ def build_vocabulary(
     )
 
 
-def _reduced_dims(program: Any, dims: Any, rowwise: bool) -> tuple[set, set]:
-    """(dimensions summed over other than an operand's last axis, softmax shift dimensions);
-    with `rowwise` (a region with no matmul), last-axis sums too (a softmax or a centring on
-    its own: no norm or attention op says it there)."""
-    reduce_dims, shift_dims = set(), set()
+def _reduced_dims(program: Any, dims: Any) -> tuple[set, set, set]:
+    """(dimensions a block `reduce_sum` may sum, those of them it may sum along a tile's last
+    axis, softmax shift dimensions). A sum over an operand's last axis counts only where no
+    matmul of the program contracts its dimension: a contracted dimension's row sums are the
+    norms' (`accum_*_last`, `rms_norm`), and offering them multiplies a norm + GEMM region's
+    enumeration; a softmax or centring over a matmul's columns (an LM head's) has no other
+    way to be said."""
+    contracted = {dims.axes[n.args[0]][-1] for _, n in program.ops() if n.op == "matmul"}
+    reduce_dims, row_sum_dims, shift_dims = set(), set(), set()
     for _, n in program.ops():
         if n.op in ("reduce_sum", "reduce_max"):
             src = dims.axes[n.args[0]]
@@ -154,9 +158,12 @@ def _reduced_dims(program: Any, dims: Any, rowwise: bool) -> tuple[set, set]:
                     continue
                 if n.op == "reduce_max":
                     shift_dims.add(src[ax])
-                elif ax != len(src) - 1 or rowwise:
+                elif ax != len(src) - 1:
                     reduce_dims.add(src[ax])
-    return reduce_dims, shift_dims
+                elif src[ax] not in contracted:
+                    reduce_dims.add(src[ax])
+                    row_sum_dims.add(src[ax])
+    return reduce_dims, row_sum_dims, shift_dims
 
 
 def _facts(
