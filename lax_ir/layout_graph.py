@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lax_ir.interface import identity_interface, merged
+from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Node, Program, make_params
 
 
@@ -156,6 +157,31 @@ def perm_params(perm: Sequence[int]) -> tuple[tuple[str, Any], ...]:
     return make_params(permutation=tuple(perm))
 
 
+def input_chain(g: LayoutGraph, a: int) -> list[int] | None:
+    """Node a as an input and the one-operand elementwise ops over it, input first (a bias or
+    gain converted to the compute dtype: flax's `Dense(dtype=bfloat16)` over float32
+    parameters); None where a is computed otherwise."""
+    chain = [a]
+    while g.nodes[chain[0]].op != "input":
+        n = g.nodes[chain[0]]
+        if n.op not in ELEMENTWISE or len(n.args) != 1:
+            return None
+        chain.insert(0, n.args[0])
+    return chain
+
+
+def chain_input(g: LayoutGraph, a: int, shape: tuple[int, ...], step: tuple[str, Any]) -> int:
+    """Node a (an `input_chain`) at `shape`: its input taken at the interface through `step`,
+    then the chain's ops again at that shape."""
+    chain = input_chain(g, a)
+    assert chain is not None, a
+    v = g.new_input(Node("input", (), shape, g.nodes[chain[0]].dtype), chain[0], step)
+    for c in chain[1:]:
+        n = g.nodes[c]
+        v = g.add(Node(n.op, (v,), shape, n.dtype, n.params))
+    return v
+
+
 def op_before(
     g: LayoutGraph,
     j: int,
@@ -166,19 +192,18 @@ def op_before(
     in_shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> None:
     """Replace elementwise node j by its op on the sources of its `moved` layout operands
-    (`shape`), its other shaped operands (inputs) taken at the interface through `in_step`
-    (or, for those in `in_shapes`, reshaped to the shape given there), then the layout op
-    `after` (op name, params) back to j's shape."""
+    (`shape`), its other shaped operands (inputs, or an `input_chain` over one) taken at the
+    interface through `in_step` (or, for those in `in_shapes`, reshaped to the shape given
+    there), then the layout op `after` (op name, params) back to j's shape."""
     n = g.nodes[j]
     args = []
     for a in n.args:
         if a in moved:
             args.append(g.nodes[a].args[0])
         elif in_shapes and a in in_shapes:
-            like = Node("input", (), in_shapes[a], g.nodes[a].dtype)
-            args.append(g.new_input(like, a, ("reshape", in_shapes[a])))
+            args.append(chain_input(g, a, in_shapes[a], ("reshape", in_shapes[a])))
         elif g.nodes[a].shape:
-            args.append(g.new_input(Node("input", (), shape, g.nodes[a].dtype), a, in_step))
+            args.append(chain_input(g, a, shape, in_step))
         else:
             args.append(a)
     inner = g.add(Node(n.op, tuple(args), shape, n.dtype, n.params))

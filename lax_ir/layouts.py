@@ -49,6 +49,7 @@ import numpy as np
 from lax_ir import transpose_layouts as T
 from lax_ir.layout_graph import (
     LayoutGraph,
+    input_chain,
     is_bitcast,
     layout_step,
     op_before,
@@ -211,7 +212,9 @@ def _sink_regroup_rule(g: LayoutGraph) -> bool:
         if len(sources) != 1:
             continue
         (shape,) = sources
-        if is_bitcast(shape, n.shape) or any(a not in moved and a not in g.inputs for a in shaped):
+        if is_bitcast(shape, n.shape) or any(
+            a not in moved and input_chain(g, a) is None for a in shaped
+        ):
             continue
         small = {}
         for a in shaped:

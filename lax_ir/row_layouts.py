@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from lax_ir.layout_graph import LayoutGraph
+from lax_ir.layout_graph import LayoutGraph, chain_input, input_chain
 from lax_ir.ops import ELEMENTWISE
 from lax_ir.program import Node, make_params
 
@@ -112,17 +112,18 @@ class _Rows:
 
     def _operand(self, a: int) -> int:
         """An elementwise op's operand in row form: a cone value, or an input broadcast along
-        the rows (a gain or bias of shape (D,) or (1.., D)) taken as it broadcasts."""
+        the rows (a gain or bias of shape (D,) or (1.., D), or one converted: an
+        `input_chain`) taken as it broadcasts."""
         an = self.g.nodes[a]
         shape = tuple(an.shape)
         if not shape:
             return a
         k = len(self.lead)
-        if an.op == "input" and len(shape) <= k + 1 and all(d == 1 for d in shape[:-1]):
+        broadcast = len(shape) <= k + 1 and all(d == 1 for d in shape[:-1])
+        if broadcast and input_chain(self.g, a) is not None:
             if len(shape) <= 2:
                 return a
-            like = Node("reshape", (a,), (1, shape[-1]), an.dtype, make_params())
-            return self.g.new_input(like, a, ("reshape", (1, shape[-1])))
+            return chain_input(self.g, a, (1, shape[-1]), ("reshape", (1, shape[-1])))
         return self.flat(a)
 
     def _input(self, v: int) -> int:

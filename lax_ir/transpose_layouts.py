@@ -8,6 +8,7 @@ from __future__ import annotations
 from lax_ir.interface import inverse
 from lax_ir.layout_graph import (
     LayoutGraph,
+    input_chain,
     is_swap,
     layout_step,
     op_before,
@@ -217,7 +218,7 @@ def sink_transpose_rule(g: LayoutGraph) -> bool:
         perms = {tuple(g.nodes[a].param("permutation")) for a in moved}
         if len(perms) != 1 or any(tuple(g.nodes[a].shape) != tuple(n.shape) for a in shaped):
             continue
-        if any(a not in moved and a not in g.inputs for a in shaped):
+        if any(a not in moved and input_chain(g, a) is None for a in shaped):
             continue
         if all(g.nodes[g.nodes[a].args[0]].op == "input" for a in moved):
             continue

@@ -98,3 +98,30 @@ def test_nnx_rms_norm_and_einsum_projection_reach_the_search():
     (region,) = [r for r in regions if not r.is_trivial]
     assert not blockers(region.program), region.program.pretty()
     assert "sub" not in region.program.op_counts()
+
+
+def test_a_bias_converted_to_the_compute_dtype_is_taken_as_it_broadcasts():
+    """flax linen's `Dense(dtype=bfloat16)` over float32 parameters converts its [1, 1, N]
+    bias inside the region: the rows' rules take `convert(bias)` as they take a bias
+    (`layout_graph.input_chain`), so the MLP between two projections is one row-form region."""
+    import flax.linen as nn
+
+    class Mlp(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(48, dtype=jnp.bfloat16, param_dtype=jnp.float32)(nn.RMSNorm()(x))
+            return nn.Dense(32, dtype=jnp.bfloat16, param_dtype=jnp.float32)(nn.swish(h))
+
+    m = Mlp()
+    (x,) = _args(4, (2, 8, 32))
+    params = m.init(jax.random.key(0), x)
+    leaves, tree = jax.tree.flatten(params)
+
+    def fn(*a):
+        return m.apply(jax.tree.unflatten(tree, a[:-1]), a[-1])
+
+    program, hoisted = capture_hoisted(fn, *leaves, x)
+    assert any("merges or splits" in b for b in blockers(program))
+    assert not blockers(hoisted), hoisted.pretty()
+    assert all(len(n.shape) <= 2 for n in hoisted.nodes), hoisted.pretty()
+    assert hoisted.op_counts()["convert"] >= 2  # the biases' converts stay in the region
