@@ -38,11 +38,12 @@ class LinenBlock(nn.Module):
 
     heads: int
     dtype: Any
+    param_dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """x (B, T, D) -> (B, T, D)."""
-        kw = {"dtype": self.dtype, "param_dtype": self.dtype}
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype or self.dtype}
         h = nn.LayerNorm(**kw)(x)
         attn = nn.MultiHeadDotProductAttention(num_heads=self.heads, **kw)
         x = x + attn(h, h, mask=nn.make_causal_mask(x[..., 0]))
@@ -65,16 +66,18 @@ def run_case(
     dtype: Any,
     backend: str,
     calls: int,
+    param_dtype: Any = None,
 ) -> dict[str, Any]:
-    """One row: mirage_jax.jit (fresh cache) against the library's own jit."""
+    """One row: mirage_jax.jit (fresh cache) against the library's own jit; parameters in
+    `param_dtype` where given (mixed precision: the layers convert them to `dtype`)."""
     x = jax.random.normal(jax.random.PRNGKey(1), (batch, tokens, d), jnp.float32).astype(dtype)
     if library == "nnx":
-        block = Block(d, heads, dtype, nnx.Rngs(0), decode=False)
+        block = Block(d, heads, dtype, nnx.Rngs(0), decode=False, param_dtype=param_dtype)
         ref, fn, args = nnx.jit(step), step, (block, x)
         graphdef, state = nnx.split(block)
         plain = (jax.jit(lambda s, x: step(nnx.merge(graphdef, s), x)), (state, x))
     else:
-        model = LinenBlock(heads, dtype)
+        model = LinenBlock(heads, dtype, param_dtype)
         params = model.init(jax.random.PRNGKey(0), x)
         fn = model.apply
         ref, args = jax.jit(fn), (params, x)
@@ -88,7 +91,8 @@ def run_case(
         decisions = ours.last.decisions
         row: dict[str, Any] = {
             "library": library, "batch": batch, "tokens": tokens, "d_model": d,
-            "heads": heads, "dtype": jnp.dtype(dtype).name, "first_call_s": round(first, 2),
+            "heads": heads, "dtype": jnp.dtype(dtype).name,
+            "param_dtype": jnp.dtype(param_dtype or dtype).name, "first_call_s": round(first, 2),
             "kernels": sum(d.status == "kernel" for d in decisions),
             "regions": [(d.index, d.status, d.reason[:160]) for d in decisions],
             "rel_err": rel_err(got, want),
@@ -113,13 +117,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="on the GPU (bfloat16: flax's float16 attention asks XLA for a dot algorithm, "
         "F16_F16_F32, that the H200 with jax 0.11.2 rejects under jax.jit itself)",
     )
+    p.add_argument(
+        "--param-dtype",
+        default=None,
+        help="the parameters' dtype where it differs from --dtype (mixed precision: float32 "
+        "parameters, bfloat16 compute)",
+    )
     args = p.parse_args(argv)
     if args.cpu:
         shape, dtype, backend = (8, 32, 4), jnp.float32, "pallas-interpret"
     else:
         shape, dtype, backend = (args.tokens, args.d_model, args.heads), args.dtype, "auto"
     cases = [(lib, b) for lib in args.libraries for b in args.batches]
-    rows = run_rows(cases, lambda c: run_case(*c, *shape, dtype, backend, args.calls))
+    rows = run_rows(
+        cases, lambda c: run_case(*c, *shape, dtype, backend, args.calls, args.param_dtype)
+    )
     write(
         args.out,
         "flax_prefill",
@@ -131,6 +143,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "state; jax.jit for linen) and jax.jit of the block as a function of its state, in "
         "the same process",
         [("library", "library"), ("batch", "batch"), ("tokens", "tokens"),
+         ("params", "param_dtype"),
          ("d_model", "d_model"), ("first call (s)", "first_call_s"),
          ("library's jit (µs)", "library_us"), ("jax.jit (µs)", "jax_jit_us"),
          ("mirage_jax.jit (µs)", "mirage_us"), ("× jax.jit", "speedup"),

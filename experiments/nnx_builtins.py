@@ -35,8 +35,16 @@ class Block(nnx.Module):
     and writes the attention's cache at its index; without, it runs a causal prefill
     (`experiments.flax_prefill`)."""
 
-    def __init__(self, d: int, heads: int, dtype: Any, rngs: nnx.Rngs, decode: bool = True):
-        kw = {"dtype": dtype, "param_dtype": dtype, "rngs": rngs}
+    def __init__(
+        self,
+        d: int,
+        heads: int,
+        dtype: Any,
+        rngs: nnx.Rngs,
+        decode: bool = True,
+        param_dtype: Any = None,
+    ):
+        kw = {"dtype": dtype, "param_dtype": param_dtype or dtype, "rngs": rngs}
         self.ln1 = nnx.LayerNorm(d, **kw)
         self.attn = nnx.MultiHeadAttention(heads, d, decode=decode, **kw)
         self.ln2 = nnx.LayerNorm(d, **kw)

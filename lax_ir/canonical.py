@@ -382,7 +382,7 @@ def _flatten(program: Program, lead: tuple[int, ...]) -> Program:
             t = target(n.shape)
             for a in n.args:  # an operand either carries the merged axes or is 1 along them
                 s, off = old[a].shape, len(n.shape) - len(old[a].shape)
-                part = [s[p - off] for p in range(k) if p - off >= 0]
+                part = [s[p - off] for p in range(min(k, len(n.shape))) if p - off >= 0]
                 if not (off == 0 and merged(a)) and any(d != 1 for d in part):
                     raise _Unsupported(n.op)
             if broadcast_shapes(*shapes) != t:

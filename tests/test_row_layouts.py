@@ -125,3 +125,30 @@ def test_a_bias_converted_to_the_compute_dtype_is_taken_as_it_broadcasts():
     assert not blockers(hoisted), hoisted.pretty()
     assert all(len(n.shape) <= 2 for n in hoisted.nodes), hoisted.pretty()
     assert hoisted.op_counts()["convert"] >= 2  # the biases' converts stay in the region
+
+
+def test_a_vector_converted_beside_merged_axes_does_not_stop_the_partition():
+    """`canonical.flatten_rows` met a rank-1 elementwise op (a float32 bias converted to
+    bfloat16) in a region whose merged leading axes it flattens (here a weight's, [H, hd, D]
+    read as [H·hd, D], as linen's attention output projection reads it) and indexed past the
+    op's shape: the capture of flax blocks with float32 parameters and bfloat16 compute
+    failed, and they ran as XLA."""
+
+    def fn(x, b, w):
+        y = x.reshape(16, 32) @ w.astype(jnp.bfloat16).reshape(32, 32)
+        return y.reshape(2, 8, 32) + b.astype(jnp.bfloat16)
+
+    from lax_ir.canonical import flatten_rows
+
+    x, b, w = _args(5, (2, 8, 4, 8), (32,), (4, 8, 32))
+    x = jnp.asarray(x, jnp.bfloat16)
+    program = lax_ir.capture(fn, x, b, w)
+    flat = flatten_rows(program)  # raised IndexError
+    got = lax_ir.evaluate(
+        flat,
+        *[
+            np.asarray(a).reshape(n.shape)
+            for a, n in zip((x, b, w), (flat.nodes[i] for i in flat.inputs))
+        ],
+    )
+    np.testing.assert_array_equal(np.asarray(got[0]).reshape(2, 8, 32), np.asarray(fn(x, b, w)))
