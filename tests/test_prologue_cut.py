@@ -8,7 +8,10 @@ plain GEMVs, launched together after the norm's kernel. Run in the interpreters 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import pytest
 
 from mirage_jax.lower import lower
 from tests.conftest import interpret_backends
@@ -39,15 +42,16 @@ def _region():
     return region.program
 
 
-def _lowers_to_the_region(g, program):
-    """`g` lowered on both interpreters computes the region's outputs (2e-2, float16)."""
+def _lowers_to_the_region(g, program, backends=None, interpret=True):
+    """`g` lowered on `backends` (default: both interpreters) computes the region's outputs
+    (2e-2, 16-bit floats)."""
     import lax_ir
     from mirage_jax.select import random_inputs
 
     xs = random_inputs(program, 0)
     want = lax_ir.evaluate_reference(program, *xs)
-    for backend in interpret_backends():
-        got = lower(g, backend=backend, interpret=True)(*xs)
+    for backend in backends or interpret_backends():
+        got = lower(g, backend=backend, interpret=interpret)(*xs)
         for o, w in zip(got, want):
             w = np.asarray(w, np.float64)
             err = np.max(np.abs(np.asarray(o, np.float64) - w)) / np.max(np.abs(w))
@@ -151,3 +155,64 @@ def test_a_starved_prefill_stitch_gets_the_rival_cut():
     per_output = [g for g in res.mugraphs if not g.meta.get("cuts")]
     assert per_output and all(g.meta["cost"]["us"] > best.meta["cost"]["us"] for g in per_output)
     _lowers_to_the_region(best, program)
+
+
+def mixed_ln(x, g, b, w1, w2, dtype=None):
+    """flax's mixed precision: LayerNorm with float32 parameters over a 16-bit activation,
+    the row rounded to 16 bits for the projections (as `Dense(dtype=bfloat16)` does)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=-1, keepdims=True)
+    h = ((x - mean) * jax.lax.rsqrt(var + 1e-5) * g + b).astype(dtype or jnp.float16)
+    return h @ w1, h @ w2
+
+
+def test_a_float32_norm_piece_is_read_by_the_projections_that_round_it():
+    """The norm piece computes in float32 (float32 gain and bias) where the program cut at its
+    bfloat16 convert: the projections' kernels read the float32 row and their matmuls round it
+    (`cuts.inline`), where the stitch failed its validation and the region had only the
+    per-output stitch (flax linen's LayerNorm + Q/K/V with float32 parameters: 514 µs on the
+    H200 against XLA's 17). In float16 here: Triton's CPU interpreter computes bfloat16 tiles
+    wrongly (the GPU test runs bfloat16)."""
+    import jax
+    import jax.numpy as jnp
+
+    import lax_ir
+    from mirage_jax.search import Budget, search
+
+    S = jax.ShapeDtypeStruct
+    rows, d = 256, 1024
+    specs = [S((rows, d), jnp.float16), S((d,), jnp.float32), S((d,), jnp.float32)]
+    specs += [S((d, d), jnp.float16)] * 2
+    (region,) = lax_ir.partition(lax_ir.capture(mixed_ln, *specs)).regions
+    program = region.program
+    res = search(program, budget=Budget(time_s=60), seed=0, workers=1)
+    best = res.mugraphs[0]
+    assert "own kernels" in best.meta["structure"] and best.meta["cuts"], best.meta
+    norm = best.ops[best.outputs[0][0]].args[0]  # the projections read the norm kernel's row
+    assert best.shapes[norm][1] == "float32", best
+    _lowers_to_the_region(best, program)
+
+
+@pytest.mark.gpu
+def test_both_gpu_backends_lower_the_bfloat16_projections_of_a_float32_norm():
+    """The same in bfloat16, as flax writes it, on the GPU in Triton and Pallas."""
+    import jax
+    import jax.numpy as jnp
+
+    import lax_ir
+    from mirage_jax.search import Budget, search
+
+    S = jax.ShapeDtypeStruct
+    rows, d = 256, 1024
+    specs = [S((rows, d), jnp.bfloat16), S((d,), jnp.float32), S((d,), jnp.float32)]
+    specs += [S((d, d), jnp.bfloat16)] * 2
+    bf16 = functools.partial(mixed_ln, dtype=jnp.bfloat16)
+    (region,) = lax_ir.partition(lax_ir.capture(bf16, *specs)).regions
+    program = region.program
+    best = search(program, budget=Budget(time_s=60), seed=0).mugraphs[0]
+    assert best.meta["cuts"], best.meta
+    _lowers_to_the_region(best, program, ("triton", "pallas"), interpret=False)
