@@ -720,3 +720,36 @@ def test_a_gemm_of_an_fp32_value_and_16_bit_weights_rounds_the_value_first():
     a, b = kb.input((4, 8), "float32"), kb.input((4, 8), "bfloat16")
     with pytest.raises(MuGraphError, match="operand dtypes differ"):
         kb.build([kb.op("add", a, b)]).shapes  # noqa: B018
+
+
+def test_a_block_output_stored_narrower():
+    """`BlockOutput.dtype`: the kernel's float32 result stored in 16 bits (a cut norm piece's
+    rounded row): its shape rule, its float meaning (rounded once), its JSON and hash; a graph
+    without it hashes and serialises as before the field existed."""
+    import dataclasses
+
+    kb = MuGraphBuilder()
+    X, W = kb.input((2, 64), "float32"), kb.input((64, 48), "float32")
+    b = BlockGraphBuilder((4,), 4)
+    x = b.input((2, 64), "float32", (None,), 1)
+    w = b.input((64, 48), "float32", (1,), 0)
+    b.output(b.op("accum_sum", b.op("matmul", x, w)), (1,))
+    (o,) = kb.graph_defined([X, W], b.build())
+    wide = kb.build([o])
+    bg = wide.ops[2].block_graph
+    out = dataclasses.replace(bg.outputs[0], dtype=F16)
+    op = dataclasses.replace(wide.ops[2], block_graph=dataclasses.replace(bg, outputs=(out,)))
+    narrow = MuGraph((*wide.ops[:2], op), wide.outputs)
+    assert narrow.shapes[(2, 0)] == ((2, 48), F16) and wide.shapes[(2, 0)][1] == "float32"
+    assert narrow.canonical_hash != wide.canonical_hash
+    assert '"dtype": "float16"' in to_json(narrow) and "stored float16" in to_text(narrow)
+    assert from_json(to_json(narrow)).canonical_hash == narrow.canonical_hash
+    from mirage_jax.mugraph.serialize import block_graph_to_dict
+
+    assert block_graph_to_dict(bg)["outputs"] == [{"arg": bg.outputs[0].arg, "omap": [1]}]
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((2, 64)).astype(np.float32), rng.standard_normal((64, 48))]
+    (got,) = evaluate(narrow, xs[0], xs[1].astype(np.float32))
+    (want,) = evaluate(wide, xs[0], xs[1].astype(np.float32))
+    assert str(got.dtype) == F16
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want).astype(np.float16))

@@ -219,6 +219,7 @@ def lower(
     out_views = dict(out_views or {})
     written = _written_in_place(mugraph, out_views, plans, group) if in_place else {}
     cast_to = _stored_dtypes(mugraph, out_dtypes or {}, plans, group, mod)
+    narrowed = _narrowed_stores(mugraph, plans, group, mod, cast_to)
     for i, p in plans.items():
         if i in group:
             continue
@@ -283,6 +284,8 @@ def lower(
                 for g in lv:
                     for j in range(len(ops[g].block_graph.outputs)):
                         env[(g, j)] = next(ys)
+                    for j, dtype in narrowed.get(g, {}).items():
+                        env[(g, j)] = env[(g, j)].astype(dtype)
                 continue
             xs = [
                 stored[a] if k in kernel_views.get(i, ()) else env[a] for k, a in enumerate(op.args)
@@ -290,6 +293,8 @@ def lower(
             if i in kernels:
                 for j, y in enumerate(kernels[i](*xs)):
                     env[(i, j)] = y
+                for j, dtype in narrowed.get(i, {}).items():  # a store the kernel cannot narrow
+                    env[(i, j)] = env[(i, j)].astype(dtype)
             else:
                 env[(i, 0)] = apply_kernel_op(jnp_algebra, op, xs, shapes, i)
         outs = [
@@ -366,6 +371,26 @@ def _written_in_place(
         v = out_views[pos]
         out.setdefault(i, {})[j] = v if isinstance(v, SplitView) else tuple(v)
     return out
+
+
+def _narrowed_stores(
+    mugraph: MuGraph, plans: Mapping[int, Any], group, mod: Any, cast_to: dict[int, dict[int, str]]
+) -> dict[int, dict[int, str]]:
+    """The block outputs stored in a narrower float dtype (`BlockOutput.dtype`): added to
+    `cast_to` (the stores each kernel launched alone makes itself, where the backend stores in
+    any float dtype, `CAST_STORES`); returned, kernel op id -> {output j: dtype}, are those the
+    kernel cannot store so (in a one-launch group, or on a backend that does not), which the
+    run rounds after the kernel."""
+    after: dict[int, dict[int, str]] = {}
+    for i in plans:
+        for j, o in enumerate(mugraph.ops[i].block_graph.outputs):
+            if not o.dtype:
+                continue
+            if i not in group and getattr(mod, "CAST_STORES", False):
+                cast_to.setdefault(i, {})[j] = o.dtype
+            else:
+                after.setdefault(i, {})[j] = o.dtype
+    return after
 
 
 def _sole_outputs(

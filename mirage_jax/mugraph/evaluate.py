@@ -96,7 +96,8 @@ def run_block_graph(
             arg_dtypes=tuple(info.dtypes[a] for a in op.args),
         )
         vals.append(spec.apply(ctx, [vals[a] for a in op.args]))
-    return [store_output(alg, vals[o.arg], info.full(o.arg), o, bg) for o in bg.outputs]
+    outs = [store_output(alg, vals[o.arg], info.full(o.arg), o, bg) for o in bg.outputs]
+    return [alg.convert(v, o.dtype) if o.dtype else v for v, o in zip(outs, bg.outputs)]
 
 
 def interpret(g: MuGraph, inputs: Sequence[Any], alg: Any) -> list[Any]:

@@ -29,6 +29,7 @@ Design choices (and why):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 from collections.abc import Mapping, Sequence
@@ -92,10 +93,18 @@ class BlockOp:
 
 @dataclass(frozen=True)
 class BlockOutput:
-    """A block tensor written to device memory; `omap[axis]` is the dim blocks concatenate on."""
+    """A block tensor written to device memory; `omap[axis]` is the dim blocks concatenate on.
+    `dtype`, where set, is the float dtype it is stored in, rounded from its tensor's (a
+    stitched norm piece's float32 row stored in the 16 bits the program's convert made)."""
 
     arg: int
     omap: tuple[int | None, ...]
+    dtype: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        """What identifies it in a graph's hash (the dtype only where set)."""
+        return (self.arg, self.omap) + ((self.dtype,) if self.dtype else ())
 
 
 @dataclass(frozen=True)
@@ -140,7 +149,7 @@ class BlockGraph:
             digest.append(
                 _digest((op.op, _params_key(op.params), tuple(digest[a] for a in op.args)))
             )
-        out_key = [(digest[o.arg], o.omap) for o in self.outputs]
+        out_key = [(digest[o.arg], *o.key[1:]) for o in self.outputs]
         out_order = sorted(range(len(self.outputs)), key=lambda j: out_key[j])
         live: set[int] = set()
         stack = [o.arg for o in self.outputs]
@@ -167,7 +176,7 @@ class BlockGraph:
             for t in order
         )
         outputs = tuple(
-            BlockOutput(new_id[digest[self.outputs[j].arg]], self.outputs[j].omap)
+            dataclasses.replace(self.outputs[j], arg=new_id[digest[self.outputs[j].arg]])
             for j in out_order
         )
         bg = BlockGraph(
@@ -432,7 +441,7 @@ def _key(g: MuGraph) -> tuple:
                 bg.forloop_range,
                 tuple((b.shape, b.dtype, b.imap, b.forloop_dim) for b in bg.inputs),
                 tuple((o.op, o.args, _params_key(o.params)) for o in bg.ops),
-                tuple((o.arg, o.omap) for o in bg.outputs),
+                tuple(o.key for o in bg.outputs),
             )
         ops.append((op.op, op.args, _params_key(op.params), bkey))
     return (tuple(ops), g.outputs)

@@ -77,7 +77,8 @@ def block_lines(bg: BlockGraph, arg_names=None) -> list[tuple[str, str]]:
         out.append(
             (
                 "out",
-                f"out {j} = t{o.arg}  omap {_map_str(o.omap)}  -> {list(info.output_shapes[j])}",
+                f"out {j} = t{o.arg}  omap {_map_str(o.omap)}  -> {list(info.output_shapes[j])}"
+                + (f"  stored {o.dtype}" if o.dtype else ""),
             )
         )
     return out

@@ -78,7 +78,10 @@ def block_graph_to_dict(bg: BlockGraph) -> dict:
             }
             for o in bg.ops
         ],
-        "outputs": [{"arg": o.arg, "omap": list(o.omap)} for o in bg.outputs],
+        "outputs": [
+            {"arg": o.arg, "omap": list(o.omap), **({"dtype": o.dtype} if o.dtype else {})}
+            for o in bg.outputs
+        ],
     }
 
 
@@ -100,7 +103,8 @@ def block_graph_from_dict(d: dict) -> BlockGraph:
             for o in d["ops"]
         ),
         outputs=tuple(
-            BlockOutput(int(o["arg"]), tuple(_opt(m) for m in o["omap"])) for o in d["outputs"]
+            BlockOutput(int(o["arg"]), tuple(_opt(m) for m in o["omap"]), o.get("dtype"))
+            for o in d["outputs"]
         ),
     )
 

@@ -275,7 +275,7 @@ def kernel_shapes(
             except MuGraphError as e:
                 raise MuGraphError(f"{where}: {e}") from None
             for j, s in enumerate(info.output_shapes):
-                out[(i, j)] = (s, info.dtypes[bg.outputs[j].arg])
+                out[(i, j)] = (s, bg.outputs[j].dtype or info.dtypes[bg.outputs[j].arg])
         else:
             spec = OPS.get(op.op)
             if spec is None or "kernel" not in spec.levels:

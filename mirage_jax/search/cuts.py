@@ -24,8 +24,6 @@ import numpy as np
 
 from lax_ir.program import Node, Program, make_params
 from mirage_jax.mugraph import MuGraph, MuGraphBuilder
-from mirage_jax.mugraph.graph import BlockGraph
-from mirage_jax.mugraph.opdef import matmul_operand_dtype
 
 PASS = ("convert", "broadcast_in_dim", "reshape")
 
@@ -122,58 +120,36 @@ def piece(program: Program, output: int, cuts: Sequence[int]) -> tuple[Program, 
 def inline(
     kb: MuGraphBuilder, g: MuGraph, args: Sequence[tuple[int, int]]
 ) -> list[tuple[int, int]]:
-    """Replay the kernel ops of `g` into builder `kb` with its inputs bound to `args`. An
-    argument wider than the input reads it (a piece's float32 norm where the program cut at
-    its bfloat16 convert) is read as it is where every block reads that input only as a matmul
-    operand beside a narrower one: the matmul rounds it to the input's dtype first
-    (`opdef.matmul_operand_dtype`), as the program's convert did."""
+    """Replay the kernel ops of `g` into builder `kb` with its inputs bound to `args`."""
     refs: dict[tuple[int, int], tuple[int, int]] = {}
-    wider: dict[tuple[int, int], str] = {}
     for pos, i in enumerate(g.inputs):
         refs[(i, 0)] = args[pos]
-        dtype = kb.shape(args[pos])[1]
-        if dtype != g.ops[i].param("dtype"):
-            wider[(i, 0)] = dtype
     for i, op in enumerate(g.ops):
         if op.op == "input":
             continue
         a = [refs[r] for r in op.args]
         if op.block_graph is not None:
-            bg = _read_wider(op.block_graph, [wider.get(r) for r in op.args])
-            for j, r in enumerate(kb.graph_defined(a, bg)):
+            for j, r in enumerate(kb.graph_defined(a, op.block_graph)):
                 refs[(i, j)] = r
         else:
             refs[(i, 0)] = kb.op(op.op, *a, **dict(op.params))
     return [refs[r] for r in g.outputs]
 
 
-def _read_wider(bg: BlockGraph, wider: Sequence[str | None]) -> BlockGraph:
-    """`bg` with its inputs retyped to `wider` (None: unchanged) where each is read only as a
-    matmul operand that `opdef.matmul_operand_dtype` rounds back to its dtype; else `bg` as it
-    is (the stitch then fails its validation, as before)."""
-    if not any(wider):
-        return bg
-    inputs = list(bg.inputs)
-    dtypes = [b.dtype for b in bg.inputs]
-    for k, w in enumerate(wider):
-        if w is not None:
-            dtypes[k] = w
-    for k, w in enumerate(wider):
-        if w is None:
-            continue
-        for op in bg.ops:
-            if k not in op.args:
-                continue
-            if op.op != "matmul" or len(op.args) != 2:
-                return bg
-            other = op.args[1 - op.args.index(k)]
-            if (
-                other >= len(inputs)
-                or matmul_operand_dtype([w, dtypes[other]]) != bg.inputs[k].dtype
-            ):
-                return bg
-        inputs[k] = dataclasses.replace(bg.inputs[k], dtype=w)
-    return dataclasses.replace(bg, inputs=tuple(inputs))
+def stored_as(g: MuGraph, dtype: str) -> MuGraph:
+    """`g` (a piece with one output) storing that output in `dtype` where its kernel computes
+    it wider (a norm piece in float32 cut at the program's 16-bit convert: the next pieces
+    read the rounded row, in half the bytes); `g` itself otherwise."""
+    ((i, j),) = g.outputs
+    op = g.ops[i]
+    have = g.shapes[(i, j)][1]
+    if op.block_graph is None or np.dtype(dtype).itemsize >= np.dtype(have).itemsize:
+        return g
+    bg = op.block_graph
+    outputs = list(bg.outputs)
+    outputs[j] = dataclasses.replace(outputs[j], dtype=dtype)
+    new = dataclasses.replace(op, block_graph=dataclasses.replace(bg, outputs=tuple(outputs)))
+    return MuGraph((*g.ops[:i], new, *g.ops[i + 1 :]), g.outputs, g.meta)
 
 
 def stitch(
@@ -187,5 +163,7 @@ def stitch(
         value[i] = kb.input(n.shape, n.dtype)
     for out in [*sorted(cuts), *program.outputs]:
         g, sources = parts[out]
+        if out in cuts:
+            g = stored_as(g, program.nodes[out].dtype)
         (value[out],) = inline(kb, g, [value[s] for s in sources])
     return kb.build([value[o] for o in program.outputs])
