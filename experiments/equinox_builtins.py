@@ -15,9 +15,6 @@ whether the outputs match. Results go to `<out>/equinox_builtins.json` and `.md`
 
 from __future__ import annotations
 
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -25,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import mirage_jax
-from experiments.library_blocks import parser, rel_err, run_rows, write
+from experiments.library_blocks import first_call, parser, run_rows, write
 
 
 class Block(eqx.Module):
@@ -72,18 +69,10 @@ def run_case(
     params, static = eqx.partition(block, eqx.is_array)
     ref = eqx.filter_jit(forward)
     want = ref(block, x)
-    with tempfile.TemporaryDirectory() as tmp:
-        ours = mirage_jax.filter_jit(forward, backend=backend, cache=Path(tmp) / "c.sqlite")
-        t0 = time.perf_counter()
-        got = jax.block_until_ready(ours(block, x))
-        first = time.perf_counter() - t0
-        decisions = ours.last.decisions
+    with first_call(mirage_jax.filter_jit, forward, (block, x), backend, want) as (ours, common):
         row: dict[str, Any] = {
             "batch": batch, "tokens": tokens, "d_model": d, "heads": heads,
-            "dtype": jnp.dtype(dtype).name, "first_call_s": round(first, 2),
-            "kernels": sum(d.status == "kernel" for d in decisions),
-            "regions": [(d.index, d.status, d.reason[:160]) for d in decisions],
-            "rel_err": rel_err(got, want),
+            "dtype": jnp.dtype(dtype).name, **common,
         }  # fmt: skip
         if jax.devices()[0].platform == "gpu":
             from mirage_jax.profile import time_trace

@@ -18,9 +18,6 @@ time_trace`, GPU only), the kernels kept, and whether the outputs match. Results
 
 from __future__ import annotations
 
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -29,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import mirage_jax
-from experiments.library_blocks import parser, rel_err, run_rows, write
+from experiments.library_blocks import first_call, parser, run_rows, write
 from experiments.nnx_builtins import Block, step
 
 
@@ -83,19 +80,11 @@ def run_case(
         ref, args = jax.jit(fn), (params, x)
         plain = (ref, args)
     want = ref(*args)  # first: where the library's own jit fails, it says so
-    with tempfile.TemporaryDirectory() as tmp:
-        ours = mirage_jax.jit(fn, backend=backend, cache=Path(tmp) / "c.sqlite")
-        t0 = time.perf_counter()
-        got = jax.block_until_ready(ours(*args))
-        first = time.perf_counter() - t0
-        decisions = ours.last.decisions
+    with first_call(mirage_jax.jit, fn, args, backend, want) as (ours, common):
         row: dict[str, Any] = {
             "library": library, "batch": batch, "tokens": tokens, "d_model": d,
             "heads": heads, "dtype": jnp.dtype(dtype).name,
-            "param_dtype": jnp.dtype(param_dtype or dtype).name, "first_call_s": round(first, 2),
-            "kernels": sum(d.status == "kernel" for d in decisions),
-            "regions": [(d.index, d.status, d.reason[:160]) for d in decisions],
-            "rel_err": rel_err(got, want),
+            "param_dtype": jnp.dtype(param_dtype or dtype).name, **common,
         }  # fmt: skip
         if jax.devices()[0].platform == "gpu":
             # nnx.jit also returns the module's state: XLA copies every parameter out

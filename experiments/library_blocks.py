@@ -1,12 +1,15 @@
-"""What `equinox_builtins` and `nnx_builtins` share: the error measure, and the results files
-(JSON with the method, machine and versions; a Markdown table)."""
+"""What the library-block experiments (`equinox_builtins`, `nnx_builtins`, `flax_prefill`,
+`softmax_heads`) share: the first call with an empty cache, the error measure, and the results
+files (JSON with the method, machine and versions; a Markdown table)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,31 @@ def parser(doc: str, heads: int) -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--out", type=Path, default=None)
     return p
+
+
+@contextlib.contextmanager
+def first_call(
+    jit: Callable[..., Any], fn: Callable[..., Any], args: tuple, backend: str, want: Any
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """`jit(fn)` (`mirage_jax.jit` or `filter_jit`) with an empty cache in a temporary
+    directory, its first call made on `args`: yields the jit (alive until the block ends, for
+    timing) and the row's common entries (the first call's seconds, the kernels kept, each
+    region's decision, the error against `want`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = jit(fn, backend=backend, cache=Path(tmp) / "c.sqlite")
+        t0 = time.perf_counter()
+        got = jax.block_until_ready(ours(*args))
+        first = time.perf_counter() - t0
+        decisions = ours.last.decisions
+        yield (
+            ours,
+            {
+                "first_call_s": round(first, 2),
+                "kernels": sum(d.status == "kernel" for d in decisions),
+                "regions": [(d.index, d.status, d.reason[:160]) for d in decisions],
+                "rel_err": rel_err(got, want),
+            },
+        )
 
 
 def rel_err(a: Any, b: Any) -> float:

@@ -14,10 +14,7 @@ Results go to `<out>/softmax_heads.json` and `.md`.
 
 from __future__ import annotations
 
-import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import mirage_jax
-from experiments.library_blocks import parser, rel_err, run_rows, write
+from experiments.library_blocks import first_call, parser, run_rows, write
 
 BF16 = jnp.bfloat16
 
@@ -66,20 +63,8 @@ def run_case(name: str, batch: int, small: bool, backend: str, calls: int) -> di
     """One row: mirage_jax.jit (fresh cache) against jax.jit."""
     fn, args = _inputs(name, batch, small)
     want = jax.jit(fn)(*args)
-    with tempfile.TemporaryDirectory() as tmp:
-        ours = mirage_jax.jit(fn, backend=backend, cache=Path(tmp) / "c.sqlite")
-        t0 = time.perf_counter()
-        got = jax.block_until_ready(ours(*args))
-        first = time.perf_counter() - t0
-        decisions = ours.last.decisions
-        row: dict[str, Any] = {
-            "case": name,
-            "batch": batch,
-            "first_call_s": round(first, 2),
-            "kernels": sum(d.status == "kernel" for d in decisions),
-            "regions": [(d.index, d.status, d.reason[:160]) for d in decisions],
-            "rel_err": rel_err(got, want),
-        }
+    with first_call(mirage_jax.jit, fn, args, backend, want) as (ours, common):
+        row: dict[str, Any] = {"case": name, "batch": batch, **common}
         if jax.devices()[0].platform == "gpu":
             from mirage_jax.profile import time_trace
 

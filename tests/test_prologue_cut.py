@@ -130,24 +130,32 @@ def prefill_ln(x, g, b, w1, w2):
     return h @ w1, h @ w2
 
 
+def _prefill_region(fn, dtype, norm_dtype):
+    """The one region of `fn(x, g, b, w1, w2)` over 256 rows of 1024 in `dtype`, its norm's
+    gain and bias in `norm_dtype`."""
+    import jax
+
+    import lax_ir
+
+    S = jax.ShapeDtypeStruct
+    rows, d = 256, 1024
+    specs = [S((rows, d), dtype), S((d,), norm_dtype), S((d,), norm_dtype)]
+    specs += [S((d, d), dtype)] * 2
+    (region,) = lax_ir.partition(lax_ir.capture(fn, *specs)).regions
+    return region.program
+
+
 def test_a_starved_prefill_stitch_gets_the_rival_cut():
     """Over many rows, one kernel per output recomputes the norm in every block with K whole in
     its tiles; that stitch is starved (`cost.STARVED` times the memory floor) whatever the
     region's bytes, so the cut that materialises the norm once is searched and ranks first
     (equinox's LayerNorm + Q/K/V over 256 tokens: 15.1 µs on the H200 against XLA's 19.0,
     where the per-output stitch ran 50.5)."""
-    import jax
     import jax.numpy as jnp
 
-    import lax_ir
     from mirage_jax.search import Budget, cut_search, search
 
-    S = jax.ShapeDtypeStruct
-    rows, d = 256, 1024
-    specs = [S((rows, d), jnp.float16), S((d,), jnp.float16), S((d,), jnp.float16)]
-    specs += [S((d, d), jnp.float16)] * 2
-    (region,) = lax_ir.partition(lax_ir.capture(prefill_ln, *specs)).regions
-    program = region.program
+    program = _prefill_region(prefill_ln, jnp.float16, jnp.float16)
     assert cut_search._input_bytes(program) < cut_search.RIVAL_CUT_MIN_BYTES
     res = search(program, budget=Budget(time_s=60), seed=0, workers=1)
     best = res.mugraphs[0]
@@ -177,18 +185,11 @@ def test_a_float32_norm_piece_stores_the_row_the_program_rounded():
     region had only the per-output stitch (flax linen's LayerNorm + Q/K/V with float32
     parameters: 514 µs on the H200 against XLA's 17). In float16 here: Triton's CPU
     interpreter computes bfloat16 tiles wrongly (the GPU test runs bfloat16)."""
-    import jax
     import jax.numpy as jnp
 
-    import lax_ir
     from mirage_jax.search import Budget, search
 
-    S = jax.ShapeDtypeStruct
-    rows, d = 256, 1024
-    specs = [S((rows, d), jnp.float16), S((d,), jnp.float32), S((d,), jnp.float32)]
-    specs += [S((d, d), jnp.float16)] * 2
-    (region,) = lax_ir.partition(lax_ir.capture(mixed_ln, *specs)).regions
-    program = region.program
+    program = _prefill_region(mixed_ln, jnp.float16, jnp.float32)
     res = search(program, budget=Budget(time_s=60), seed=0, workers=1)
     best = res.mugraphs[0]
     assert "own kernels" in best.meta["structure"] and best.meta["cuts"], best.meta
@@ -200,19 +201,12 @@ def test_a_float32_norm_piece_stores_the_row_the_program_rounded():
 @pytest.mark.gpu
 def test_both_gpu_backends_lower_the_bfloat16_projections_of_a_float32_norm():
     """The same in bfloat16, as flax writes it, on the GPU in Triton and Pallas."""
-    import jax
     import jax.numpy as jnp
 
-    import lax_ir
     from mirage_jax.search import Budget, search
 
-    S = jax.ShapeDtypeStruct
-    rows, d = 256, 1024
-    specs = [S((rows, d), jnp.bfloat16), S((d,), jnp.float32), S((d,), jnp.float32)]
-    specs += [S((d, d), jnp.bfloat16)] * 2
     bf16 = functools.partial(mixed_ln, dtype=jnp.bfloat16)
-    (region,) = lax_ir.partition(lax_ir.capture(bf16, *specs)).regions
-    program = region.program
+    program = _prefill_region(bf16, jnp.bfloat16, jnp.float32)
     best = search(program, budget=Budget(time_s=60), seed=0).mugraphs[0]
     assert best.meta["cuts"], best.meta
     _lowers_to_the_region(best, program, ("triton", "pallas"), interpret=False)
