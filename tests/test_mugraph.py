@@ -741,6 +741,11 @@ def test_a_block_output_stored_narrower():
     op = dataclasses.replace(wide.ops[2], block_graph=dataclasses.replace(bg, outputs=(out,)))
     narrow = MuGraph((*wide.ops[:2], op), wide.outputs)
     assert narrow.shapes[(2, 0)] == ((2, 48), F16) and wide.shapes[(2, 0)][1] == "float32"
+    for bad in ("int8", "float64"):  # only a narrower float
+        out = dataclasses.replace(bg.outputs[0], dtype=bad)
+        op = dataclasses.replace(wide.ops[2], block_graph=dataclasses.replace(bg, outputs=(out,)))
+        with pytest.raises(MuGraphError, match=f"stored as {bad}"):
+            MuGraph((*wide.ops[:2], op), wide.outputs).shapes  # noqa: B018 (validates)
     assert narrow.canonical_hash != wide.canonical_hash
     assert '"dtype": "float16"' in to_json(narrow) and "stored float16" in to_text(narrow)
     assert from_json(to_json(narrow)).canonical_hash == narrow.canonical_hash

@@ -104,6 +104,12 @@ def _check_map(where: str, kind: str, m, grid, rank) -> None:
         seen[d] = a
 
 
+def _narrower_float(dtype: str, than: str) -> bool:
+    """Is `dtype` a float dtype with fewer bytes than the float dtype `than`?"""
+    floats = ("float16", "bfloat16", "float32", "float64")
+    return dtype in floats and than in floats and np.dtype(dtype).itemsize < np.dtype(than).itemsize
+
+
 def result_dtype(dtypes: Sequence[str]) -> str:
     """The dtype of a block op's result: its operands' one dtype, or, where they differ (an
     fp32 residual stream normalised and multiplied by fp16 weights), the widest of them (fp32
@@ -275,7 +281,13 @@ def kernel_shapes(
             except MuGraphError as e:
                 raise MuGraphError(f"{where}: {e}") from None
             for j, s in enumerate(info.output_shapes):
-                out[(i, j)] = (s, bg.outputs[j].dtype or info.dtypes[bg.outputs[j].arg])
+                o = bg.outputs[j]
+                if o.dtype and not _narrower_float(o.dtype, info.dtypes[o.arg]):
+                    raise MuGraphError(
+                        f"{where}: output {j} is stored as {o.dtype}, which is no float dtype "
+                        f"narrower than its tensor's {info.dtypes[o.arg]}"
+                    )
+                out[(i, j)] = (s, o.dtype or info.dtypes[o.arg])
         else:
             spec = OPS.get(op.op)
             if spec is None or "kernel" not in spec.levels:
