@@ -285,7 +285,7 @@ def lower(
                     for j in range(len(ops[g].block_graph.outputs)):
                         env[(g, j)] = next(ys)
                     for j, dtype in narrowed.get(g, {}).items():
-                        env[(g, j)] = env[(g, j)].astype(dtype)
+                        env[(g, j)] = _as_dtype(env[(g, j)], dtype)
                 continue
             xs = [
                 stored[a] if k in kernel_views.get(i, ()) else env[a] for k, a in enumerate(op.args)
@@ -294,7 +294,7 @@ def lower(
                 for j, y in enumerate(kernels[i](*xs)):
                     env[(i, j)] = y
                 for j, dtype in narrowed.get(i, {}).items():  # a store the kernel cannot narrow
-                    env[(i, j)] = env[(i, j)].astype(dtype)
+                    env[(i, j)] = _as_dtype(env[(i, j)], dtype)
             else:
                 env[(i, 0)] = apply_kernel_op(jnp_algebra, op, xs, shapes, i)
         outs = [

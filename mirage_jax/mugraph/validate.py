@@ -104,7 +104,7 @@ def _check_map(where: str, kind: str, m, grid, rank) -> None:
         seen[d] = a
 
 
-def _narrower_float(dtype: str, than: str) -> bool:
+def narrower_float(dtype: str, than: str) -> bool:
     """Is `dtype` a float dtype with fewer bytes than the float dtype `than`?"""
     floats = ("float16", "bfloat16", "float32", "float64")
     return dtype in floats and than in floats and np.dtype(dtype).itemsize < np.dtype(than).itemsize
@@ -282,7 +282,7 @@ def kernel_shapes(
                 raise MuGraphError(f"{where}: {e}") from None
             for j, s in enumerate(info.output_shapes):
                 o = bg.outputs[j]
-                if o.dtype and not _narrower_float(o.dtype, info.dtypes[o.arg]):
+                if o.dtype and not narrower_float(o.dtype, info.dtypes[o.arg]):
                     raise MuGraphError(
                         f"{where}: output {j} is stored as {o.dtype}, which is no float dtype "
                         f"narrower than its tensor's {info.dtypes[o.arg]}"

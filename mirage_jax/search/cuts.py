@@ -24,6 +24,7 @@ import numpy as np
 
 from lax_ir.program import Node, Program, make_params
 from mirage_jax.mugraph import MuGraph, MuGraphBuilder
+from mirage_jax.mugraph.validate import narrower_float
 
 PASS = ("convert", "broadcast_in_dim", "reshape")
 
@@ -143,7 +144,7 @@ def stored_as(g: MuGraph, dtype: str) -> MuGraph:
     ((i, j),) = g.outputs
     op = g.ops[i]
     have = g.shapes[(i, j)][1]
-    if op.block_graph is None or np.dtype(dtype).itemsize >= np.dtype(have).itemsize:
+    if op.block_graph is None or not narrower_float(dtype, have):
         return g
     bg = op.block_graph
     outputs = list(bg.outputs)
